@@ -1,0 +1,3 @@
+from fthsdp_cli.main import cli
+
+cli(prog_name="fthsdp")

@@ -1,0 +1,123 @@
+"""`fthsdp cluster up|down|status`: the local dev Slurm cluster (see `slurm.devcluster`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slurm import devcluster
+from slurm.errors import EnvironmentProblem
+
+_dir_option = click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=devcluster.DEFAULT_DIR,
+    show_default=True,
+    envvar="FTHSDP_CLUSTER_DIR",
+    help="Folder holding the cluster's config, state, logs and pid files.",
+)
+
+
+@click.group()
+def cluster() -> None:
+    """Start, stop and inspect the local dev Slurm cluster (root; slurm-wlm and munge)."""
+
+
+@cluster.command()
+@_dir_option
+@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--gpus-per-node", default=8, show_default=True, type=int)
+@click.option("--switch-size", default=2, show_default=True, type=int, help="Nodes per leaf switch.")
+@click.option("--gpu-type", default="h100", show_default=True)
+@click.option("--port", default=16817, show_default=True, type=int, help="slurmctld port.")
+@click.option("--slurmd-port", default=17001, show_default=True, type=int, help="First slurmd port.")
+@click.option("--prolog", default=None, help="Prolog= program (PrologFlags=Alloc is set with it).")
+@click.option("--epilog", default=None, help="Epilog= program.")
+@click.option("--healthcheck", default=None, help="HealthCheckProgram= program.")
+@click.option("--healthcheck-interval", default=0, type=int, help="HealthCheckInterval= seconds.")
+@click.option(
+    "--hold-on-prolog-fail",
+    is_flag=True,
+    help="Leave out nohold_on_prolog_fail: jobs whose prolog fails are requeued held.",
+)
+def up(
+    directory: Path,
+    nodes: int,
+    gpus_per_node: int,
+    switch_size: int,
+    gpu_type: str,
+    port: int,
+    slurmd_port: int,
+    prolog: str | None,
+    epilog: str | None,
+    healthcheck: str | None,
+    healthcheck_interval: int,
+    hold_on_prolog_fail: bool,
+) -> None:
+    """Start munged, slurmctld and one slurmd per node; wait until all nodes are idle."""
+    cfg = devcluster.DevClusterConfig(
+        directory=directory.resolve(),
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        switch_size=switch_size,
+        gpu_type=gpu_type,
+        ctld_port=port,
+        slurmd_base_port=slurmd_port,
+        prolog=prolog,
+        epilog=epilog,
+        health_check_program=healthcheck,
+        health_check_interval=healthcheck_interval,
+        nohold_on_prolog_fail=not hold_on_prolog_fail,
+    )
+    err = Console(stderr=True)
+    with err.status(f"starting {nodes}-node dev cluster in {cfg.directory}"):
+        devcluster.up(cfg)
+    err.print(f"[green]dev cluster up[/]: {nodes} nodes, {len(cfg.switches)} leaf switches")
+    click.echo(f"export SLURM_CONF={cfg.conf_path}")
+
+
+@cluster.command()
+@_dir_option
+def down(directory: Path) -> None:
+    """Cancel the cluster's jobs and stop the daemons it started (deletes nothing)."""
+    cfg = devcluster.DevClusterConfig.load(directory.resolve())
+    stopped = devcluster.down(cfg)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@cluster.command()
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(directory: Path, as_json: bool) -> None:
+    """Show the cluster's daemons and node states; exit 1 if it is not running."""
+    cfg = devcluster.DevClusterConfig.load(directory.resolve())
+    st = devcluster.status(cfg)
+    if as_json:
+        import json
+
+        click.echo(
+            json.dumps({"running": st.running, "daemons": st.daemons, "nodes": st.nodes}, indent=2)
+        )
+    else:
+        table = Table(title=f"dev cluster {cfg.directory}")
+        table.add_column("node")
+        table.add_column("switch")
+        table.add_column("state")
+        switch_of = {n: s for s, ns in cfg.switches.items() for n in ns}
+        for node in cfg.node_names:
+            table.add_row(node, switch_of[node], st.nodes.get(node, "-"))
+        console = Console()
+        console.print(table)
+        daemons = ", ".join(f"{n}={p}" for n, p in st.daemons.items()) or "none"
+        console.print(f"daemons: {daemons}")
+        if st.running:
+            console.print(f"export SLURM_CONF={cfg.conf_path}")
+    if not st.running:
+        raise SystemExit(1)
+
+
+__all__ = ["EnvironmentProblem", "cluster"]

@@ -1,0 +1,540 @@
+"""A real Slurm cluster on one host, for tests and the demo.
+
+fthsdp is tested against Slurm itself, not a mock: one `munged`, one `slurmctld` and one `slurmd`
+per simulated node, all on loopback ports, all as root (DESIGN.md, verified fact 8). Each node
+gets placeholder GPU device files so GRES scheduling is real, and nodes are grouped under leaf
+switches in `topology.conf` so `--switches` placement is real too.
+
+The cluster is self-contained in one directory: its own munge key and socket, its own config,
+state, logs and pid files. `up` refuses to start over live pid files, and stops everything it
+started if any step fails; `down` stops only the daemons named by its pid files (after cancelling
+the cluster's jobs so no training processes outlive it) and deletes nothing.
+
+The configuration is written by pure functions (`slurm_conf`, `gres_conf`, `topology_conf`) so it
+can be read and tested without starting anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import hostlist
+
+from slurm.errors import EnvironmentProblem, InputError
+
+REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "squeue")
+CONFIG_FILE = "cluster.json"
+DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/tmp/fthsdp-devcluster"))
+
+
+@dataclass(frozen=True)
+class DevClusterConfig:
+    """Everything that decides what the dev cluster looks like; saved as `cluster.json`."""
+
+    directory: Path = DEFAULT_DIR
+    nodes: int = 4
+    gpus_per_node: int = 8
+    switch_size: int = 2
+    gpu_type: str = "h100"
+    cpus_per_node: int = 16
+    memory_mb: int = 64000
+    ctld_port: int = 16817
+    slurmd_base_port: int = 17001
+    partition: str = "gpu"
+    prolog: str | None = None
+    epilog: str | None = None
+    prolog_flags: str = "Alloc"
+    nohold_on_prolog_fail: bool = True
+    health_check_program: str | None = None
+    health_check_interval: int = 0
+    prolog_epilog_timeout: int = 60
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "switch_size", "cpus_per_node", "memory_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InputError(name, value, "must be a positive integer")
+        if self.nodes > 64:
+            raise InputError("nodes", self.nodes, "the dev cluster allows 1..64 nodes")
+        for name in ("ctld_port", "slurmd_base_port"):
+            port = getattr(self, name)
+            if not 1024 <= port <= 65000:
+                raise InputError(name, port, "must be a port in 1024..65000")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def switches(self) -> dict[str, list[str]]:
+        """Leaf switch name -> nodes under it, `switch_size` consecutive nodes per switch."""
+        names = self.node_names
+        return {
+            f"s{k // self.switch_size + 1}": names[k : k + self.switch_size]
+            for k in range(0, len(names), self.switch_size)
+        }
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.ctld_port, *range(self.slurmd_base_port, self.slurmd_base_port + self.nodes)]
+
+    @property
+    def conf_path(self) -> Path:
+        return self.directory / "etc" / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.directory / "munge" / "munge.socket"
+
+    def env(self) -> dict[str, str]:
+        """Environment that points Slurm's commands at this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["directory"] = str(self.directory)
+        data["extra_env"] = dict(self.extra_env)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, directory: Path) -> DevClusterConfig:
+        path = directory / CONFIG_FILE
+        if not path.exists():
+            raise InputError("--dir", str(directory), f"holds no dev cluster ({CONFIG_FILE} missing)")
+        data = json.loads(path.read_text())
+        data["directory"] = Path(data["directory"])
+        return cls(**data)
+
+
+def _hl(names: list[str]) -> str:
+    return str(hostlist.collect_hostlist(names))
+
+
+def slurm_conf(cfg: DevClusterConfig) -> str:
+    """slurm.conf for the dev cluster; settings chosen so failures and requeues are fast."""
+    d = cfg.directory
+    host = socket.gethostname().split(".")[0]
+    sched = ["bf_interval=1", "bf_continue"]
+    if cfg.nohold_on_prolog_fail:
+        sched.append("nohold_on_prolog_fail")
+    lines = [
+        "# Written by fthsdp cluster up; regenerated on every start.",
+        "ClusterName=fthsdp-dev",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={cfg.ctld_port}",
+        f"SlurmdPort={cfg.slurmd_base_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={cfg.munge_socket}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={d / 'state'}",
+        f"SlurmdSpoolDir={d / 'spool' / '%n'}",
+        f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
+        f"SlurmdPidFile={d / 'run' / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+        f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "TopologyPlugin=topology/tree",
+        "GresTypes=gpu",
+        "SlurmdParameters=config_overrides",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
+        "MessageTimeout=10",
+        "InactiveLimit=0",
+        "KillWait=2",
+        "MinJobAge=600",
+        "SchedulerType=sched/backfill",
+        f"SchedulerParameters={','.join(sched)}",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        f"PrologEpilogTimeout={cfg.prolog_epilog_timeout}",
+    ]
+    if cfg.prolog:
+        lines += [f"Prolog={cfg.prolog}", f"PrologFlags={cfg.prolog_flags}"]
+    if cfg.epilog:
+        lines.append(f"Epilog={cfg.epilog}")
+    if cfg.health_check_program:
+        lines += [
+            f"HealthCheckProgram={cfg.health_check_program}",
+            f"HealthCheckInterval={cfg.health_check_interval or 30}",
+            "HealthCheckNodeState=ANY",
+        ]
+    for k, name in enumerate(cfg.node_names):
+        lines.append(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+            f"Port={cfg.slurmd_base_port + k} CPUs={cfg.cpus_per_node} "
+            f"RealMemory={cfg.memory_mb} Gres=gpu:{cfg.gpu_type}:{cfg.gpus_per_node} State=UNKNOWN"
+        )
+    lines.append(
+        f"PartitionName={cfg.partition} Nodes={_hl(cfg.node_names)} Default=YES "
+        "MaxTime=INFINITE State=UP OverSubscribe=NO"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def gres_conf(cfg: DevClusterConfig) -> str:
+    """gres.conf pointing each node's GPUs at placeholder files (no GPU hardware here)."""
+    last = cfg.gpus_per_node - 1
+    dev = cfg.directory / "dev"
+    return (
+        f"NodeName={_hl(cfg.node_names)} Name=gpu Type={cfg.gpu_type} "
+        f"File={dev}/nvidia[0-{last}]\n"
+        if last > 0
+        else f"NodeName={_hl(cfg.node_names)} Name=gpu Type={cfg.gpu_type} File={dev}/nvidia0\n"
+    )
+
+
+def topology_conf(cfg: DevClusterConfig) -> str:
+    """topology.conf: nodes under leaf switches of `switch_size`, leaves under one spine."""
+    leaves = cfg.switches
+    lines = [f"SwitchName={name} Nodes={_hl(nodes)}" for name, nodes in leaves.items()]
+    lines.append(f"SwitchName=spine Switches={_hl(list(leaves))}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Process management
+
+
+def _pid_files(cfg: DevClusterConfig) -> dict[str, Path]:
+    run = cfg.directory / "run"
+    files = {"munged": cfg.directory / "munge" / "munged.pid", "slurmctld": run / "slurmctld.pid"}
+    files.update({f"slurmd {n}": run / f"slurmd-{n}.pid" for n in cfg.node_names})
+    return files
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not a running daemon.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def live_daemons(cfg: DevClusterConfig) -> dict[str, int]:
+    """Daemons of this cluster whose pid file names a live process."""
+    out = {}
+    for name, path in _pid_files(cfg).items():
+        pid = _read_pid(path)
+        if pid is not None and _alive(pid):
+            out[name] = pid
+    return out
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
+    """First port p >= start such that p..p+count-1 are all free on loopback (for tests)."""
+    p = start
+    while p + count < stop:
+        if not any(_port_in_use(q) for q in range(p, p + count)):
+            return p
+        p += count
+    raise EnvironmentProblem(f"no block of {count} free loopback ports in {start}..{stop}")
+
+
+def missing_prerequisites() -> list[str]:
+    """What stops the dev cluster from starting here, each as a short phrase (empty = ready)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("must run as root (slurmd needs it)")
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not _sbin(b)]
+    if missing:
+        problems.append(
+            f"missing {', '.join(missing)} (install with: apt-get install -y slurm-wlm munge)"
+        )
+    return problems
+
+
+def _sbin(binary: str) -> str | None:
+    for d in ("/usr/sbin", "/sbin", "/usr/local/sbin"):
+        p = Path(d) / binary
+        if p.exists():
+            return str(p)
+    return None
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or _sbin(name)
+    if not found:
+        raise EnvironmentProblem(f"{name} not found (install with: apt-get install -y slurm-wlm munge)")
+    return found
+
+
+def preflight(cfg: DevClusterConfig) -> None:
+    """Raise EnvironmentProblem with a one-line reason if `up` cannot start cleanly."""
+    problems = missing_prerequisites()
+    if problems:
+        raise EnvironmentProblem("; ".join(problems))
+    live = live_daemons(cfg)
+    if live:
+        names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
+        raise EnvironmentProblem(
+            f"{cfg.directory} already runs a cluster: {names}; run 'fthsdp cluster down' first"
+        )
+    busy = [p for p in cfg.ports if _port_in_use(p)]
+    if busy:
+        raise EnvironmentProblem(
+            f"port(s) {', '.join(map(str, busy))} in use; choose others with --port/--slurmd-port"
+        )
+
+
+def write_files(cfg: DevClusterConfig) -> None:
+    """Write configs, the munge key, placeholder GPU files and the directories daemons need."""
+    d = cfg.directory
+    for sub in ("etc", "state", "run", "log", "dev", "spool", "munge", "munge-key"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    for n in cfg.node_names:
+        (d / "spool" / n).mkdir(exist_ok=True)
+    # munged wants its socket dir world-searchable and its key private to its owner.
+    os.chmod(d / "munge", 0o755)
+    os.chmod(d / "munge-key", 0o700)
+    key = d / "munge-key" / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o400)
+    for i in range(cfg.gpus_per_node):
+        (d / "dev" / f"nvidia{i}").touch()
+    (d / "etc" / "slurm.conf").write_text(slurm_conf(cfg))
+    (d / "etc" / "gres.conf").write_text(gres_conf(cfg))
+    (d / "etc" / "topology.conf").write_text(topology_conf(cfg))
+    (d / CONFIG_FILE).write_text(cfg.to_json())
+
+
+def _run(argv: list[str], cfg: DevClusterConfig, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, env=cfg.env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def node_states(cfg: DevClusterConfig) -> dict[str, str]:
+    """Node name -> sinfo's state (e.g. 'idle', 'drain', 'down*'); empty if slurmctld is down."""
+    try:
+        r = _run(["sinfo", "-h", "-N", "-o", "%N %t"], cfg, timeout=10)
+    except subprocess.TimeoutExpired:
+        return {}
+    if r.returncode != 0:
+        return {}
+    out: dict[str, str] = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1]
+    return out
+
+
+def _wait_for(predicate: object, timeout: float, what: str, interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval)
+    raise EnvironmentProblem(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _start(argv: list[str], cfg: DevClusterConfig, what: str, log: Path) -> None:
+    r = subprocess.run(
+        argv, env=cfg.env(), capture_output=True, text=True, timeout=30, check=False,
+        start_new_session=True,
+    )
+    if r.returncode != 0:
+        detail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [_tail(log)]
+        raise EnvironmentProblem(f"{what} failed to start: {detail[0]}")
+
+
+def up(cfg: DevClusterConfig, timeout: float = 60) -> DevClusterConfig:
+    """Start munged, slurmctld and one slurmd per node; return once all nodes are idle.
+
+    On any failure everything started so far is stopped again before the error propagates.
+    """
+    preflight(cfg)
+    write_files(cfg)
+    d = cfg.directory
+    try:
+        _start(
+            [
+                _binary("munged"), "--force",
+                f"--key-file={d / 'munge-key' / 'munge.key'}",
+                f"--socket={cfg.munge_socket}",
+                f"--pid-file={d / 'munge' / 'munged.pid'}",
+                f"--log-file={d / 'log' / 'munged.log'}",
+                f"--seed-file={d / 'munge' / 'munged.seed'}",
+            ],
+            cfg, "munged", d / "log" / "munged.log",
+        )
+        _start(
+            [_binary("slurmctld"), "-c", "-f", str(cfg.conf_path)],
+            cfg, "slurmctld", d / "log" / "slurmctld.log",
+        )
+        _wait_for(lambda: bool(node_states(cfg)), 30, "slurmctld to answer")
+        for n in cfg.node_names:
+            _start(
+                [_binary("slurmd"), "-N", n, "-f", str(cfg.conf_path)],
+                cfg, f"slurmd {n}", d / "log" / f"slurmd-{n}.log",
+            )
+        _wait_for(
+            lambda: _all_idle(cfg), timeout, f"all {cfg.nodes} nodes idle in sinfo"
+        )
+    except BaseException:
+        down(cfg)
+        raise
+    return cfg
+
+
+def _all_idle(cfg: DevClusterConfig) -> bool:
+    states = node_states(cfg)
+    return len(states) == cfg.nodes and all(s == "idle" for s in states.values())
+
+
+def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
+    """Rewrite slurm.conf with `changes` (e.g. prolog=...) and tell slurmctld and slurmds."""
+    new = replace(cfg, **changes)  # type: ignore[arg-type]
+    write_files(new)
+    r = _run(["scontrol", "reconfigure"], new)
+    if r.returncode != 0:
+        raise EnvironmentProblem(f"scontrol reconfigure failed: {r.stderr.strip()}")
+    return new
+
+
+def down(cfg: DevClusterConfig, grace: float = 10) -> list[str]:
+    """Cancel the cluster's jobs, then stop the daemons named by its pid files.
+
+    Returns the names of daemons that were stopped. Deletes no files.
+    """
+    live = live_daemons(cfg)
+    if "slurmctld" in live:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _run(["scancel", "--full", "--quiet", "--user=root"], cfg, timeout=10)
+            _wait_for_no_jobs(cfg, 8)
+    order = [n for n in live if n.startswith("slurmd")] + ["slurmctld", "munged"]
+    stopped = []
+    for name in order:
+        pid = live.get(name)
+        if pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        stopped.append(name)
+    deadline = time.monotonic() + grace
+    for name in stopped:
+        pid = live[name]
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _kill_orphan_steps(cfg)
+    return stopped
+
+
+def _wait_for_no_jobs(cfg: DevClusterConfig, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = _run(["squeue", "-h", "-o", "%i"], cfg, timeout=5)
+        except subprocess.TimeoutExpired:
+            return
+        if r.returncode != 0 or not r.stdout.strip():
+            return
+        time.sleep(0.25)
+
+
+def _kill_orphan_steps(cfg: DevClusterConfig) -> None:
+    """Kill slurmstepd processes of this cluster that outlived their slurmd (by spool path)."""
+    spool = str(cfg.directory / "spool")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not cmd or not cmd[0].startswith(b"slurmstepd"):
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            environ = b""
+        if spool.encode() in environ or str(cfg.conf_path).encode() in environ:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(proc.name), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    directory: Path
+    daemons: dict[str, int]
+    nodes: dict[str, str]
+
+    @property
+    def running(self) -> bool:
+        return "slurmctld" in self.daemons
+
+
+def status(cfg: DevClusterConfig) -> ClusterStatus:
+    return ClusterStatus(cfg.directory, live_daemons(cfg), node_states(cfg))
+
+
+@contextlib.contextmanager
+def running_cluster(cfg: DevClusterConfig, timeout: float = 60) -> Iterator[DevClusterConfig]:
+    """Context manager for tests: up on entry, down on exit (even on failure)."""
+    up(cfg, timeout=timeout)
+    try:
+        yield cfg
+    finally:
+        down(cfg)
