@@ -18,7 +18,11 @@ import click
 
 # name -> (module under fthsdp_cli.commands, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "render": ("render", "render", "Render a spec's sbatch scripts (dry run: nothing is submitted)."),
+    "render": (
+        "render",
+        "render",
+        "Render a spec's sbatch scripts (dry run: nothing is submitted).",
+    ),
     "submit": ("render", "submit", "Render a spec into its run_dir and submit the jobs."),
     "status": ("status", "status", "Show the state of a run's replicas and control job."),
     "cancel": ("render", "cancel", "Cancel every job of a run."),
@@ -26,7 +30,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "events": ("status", "events", "Print a run's event journal, newest last."),
     "check": ("check", "check", "Run the node health checks here and print the verdict."),
     "prolog": ("check", "prolog", "Slurm Prolog entry point: check, drain on failure."),
-    "epilog": ("check", "epilog", "Slurm Epilog entry point: clean up, re-check, drain on failure."),
+    "epilog": (
+        "check",
+        "epilog",
+        "Slurm Epilog entry point: clean up, re-check, drain on failure.",
+    ),
     "healthcheck": ("check", "healthcheck", "Slurm HealthCheckProgram: check, drain or resume."),
     "run": ("run", "run", "Run a spec's FT-HSDP job locally (replicas as local processes)."),
     "simulate": ("simulate", "simulate", "Simulate effective training time at scale."),

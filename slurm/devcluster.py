@@ -111,7 +111,9 @@ class DevClusterConfig:
     def load(cls, directory: Path) -> DevClusterConfig:
         path = directory / CONFIG_FILE
         if not path.exists():
-            raise InputError("--dir", str(directory), f"holds no dev cluster ({CONFIG_FILE} missing)")
+            raise InputError(
+                "--dir", str(directory), f"holds no dev cluster ({CONFIG_FILE} missing)"
+            )
         data = json.loads(path.read_text())
         data["directory"] = Path(data["directory"])
         return cls(**data)
@@ -199,8 +201,7 @@ def gres_conf(cfg: DevClusterConfig) -> str:
     last = cfg.gpus_per_node - 1
     dev = cfg.directory / "dev"
     return (
-        f"NodeName={_hl(cfg.node_names)} Name=gpu Type={cfg.gpu_type} "
-        f"File={dev}/nvidia[0-{last}]\n"
+        f"NodeName={_hl(cfg.node_names)} Name=gpu Type={cfg.gpu_type} File={dev}/nvidia[0-{last}]\n"
         if last > 0
         else f"NodeName={_hl(cfg.node_names)} Name=gpu Type={cfg.gpu_type} File={dev}/nvidia0\n"
     )
@@ -303,7 +304,9 @@ def _sbin(binary: str) -> str | None:
 def _binary(name: str) -> str:
     found = shutil.which(name) or _sbin(name)
     if not found:
-        raise EnvironmentProblem(f"{name} not found (install with: apt-get install -y slurm-wlm munge)")
+        raise EnvironmentProblem(
+            f"{name} not found (install with: apt-get install -y slurm-wlm munge)"
+        )
     return found
 
 
@@ -347,7 +350,9 @@ def write_files(cfg: DevClusterConfig) -> None:
     (d / CONFIG_FILE).write_text(cfg.to_json())
 
 
-def _run(argv: list[str], cfg: DevClusterConfig, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], cfg: DevClusterConfig, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv, env=cfg.env(), capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -387,7 +392,12 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 def _start(argv: list[str], cfg: DevClusterConfig, what: str, log: Path) -> None:
     r = subprocess.run(
-        argv, env=cfg.env(), capture_output=True, text=True, timeout=30, check=False,
+        argv,
+        env=cfg.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
         start_new_session=True,
     )
     if r.returncode != 0:
@@ -406,28 +416,33 @@ def up(cfg: DevClusterConfig, timeout: float = 60) -> DevClusterConfig:
     try:
         _start(
             [
-                _binary("munged"), "--force",
+                _binary("munged"),
+                "--force",
                 f"--key-file={d / 'munge-key' / 'munge.key'}",
                 f"--socket={cfg.munge_socket}",
                 f"--pid-file={d / 'munge' / 'munged.pid'}",
                 f"--log-file={d / 'log' / 'munged.log'}",
                 f"--seed-file={d / 'munge' / 'munged.seed'}",
             ],
-            cfg, "munged", d / "log" / "munged.log",
+            cfg,
+            "munged",
+            d / "log" / "munged.log",
         )
         _start(
             [_binary("slurmctld"), "-c", "-f", str(cfg.conf_path)],
-            cfg, "slurmctld", d / "log" / "slurmctld.log",
+            cfg,
+            "slurmctld",
+            d / "log" / "slurmctld.log",
         )
         _wait_for(lambda: bool(node_states(cfg)), 30, "slurmctld to answer")
         for n in cfg.node_names:
             _start(
                 [_binary("slurmd"), "-N", n, "-f", str(cfg.conf_path)],
-                cfg, f"slurmd {n}", d / "log" / f"slurmd-{n}.log",
+                cfg,
+                f"slurmd {n}",
+                d / "log" / f"slurmd-{n}.log",
             )
-        _wait_for(
-            lambda: _all_idle(cfg), timeout, f"all {cfg.nodes} nodes idle in sinfo"
-        )
+        _wait_for(lambda: _all_idle(cfg), timeout, f"all {cfg.nodes} nodes idle in sinfo")
     except BaseException:
         down(cfg)
         raise

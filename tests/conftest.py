@@ -27,7 +27,9 @@ def _require_slurm() -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devcluster.DevClusterConfig]:
+def slurm_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[devcluster.DevClusterConfig]:
     """A 4-node dev cluster (8 GPUs per node, 2 nodes per leaf switch) for the whole session.
 
     `SLURM_CONF` is exported for the session so Slurm's commands, the `slurm` backend and jobs

@@ -31,10 +31,14 @@ def cluster() -> None:
 @_dir_option
 @click.option("--nodes", default=4, show_default=True, type=int)
 @click.option("--gpus-per-node", default=8, show_default=True, type=int)
-@click.option("--switch-size", default=2, show_default=True, type=int, help="Nodes per leaf switch.")
+@click.option(
+    "--switch-size", default=2, show_default=True, type=int, help="Nodes per leaf switch."
+)
 @click.option("--gpu-type", default="h100", show_default=True)
 @click.option("--port", default=16817, show_default=True, type=int, help="slurmctld port.")
-@click.option("--slurmd-port", default=17001, show_default=True, type=int, help="First slurmd port.")
+@click.option(
+    "--slurmd-port", default=17001, show_default=True, type=int, help="First slurmd port."
+)
 @click.option("--prolog", default=None, help="Prolog= program (PrologFlags=Alloc is set with it).")
 @click.option("--epilog", default=None, help="Epilog= program.")
 @click.option("--healthcheck", default=None, help="HealthCheckProgram= program.")

@@ -1,0 +1,1 @@
+"""Node health checks for Slurm Prolog, Epilog and HealthCheckProgram; drain bad nodes."""
