@@ -109,7 +109,7 @@ def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
     return env
 
 
-def _shared_options(spec: JobSpec, log_stem: str) -> list[Option]:
+def _shared_options(spec: JobSpec, log_stem: str, gated: bool = True) -> list[Option]:
     logs = spec.run_dir / "logs"
     j = spec.job
     return _opts(
@@ -120,7 +120,8 @@ def _shared_options(spec: JobSpec, log_stem: str) -> list[Option]:
         ("qos", j.qos),
         ("mail-user", j.mail_user),
         ("mail-type", j.mail_type),
-        ("comment", spec.health.comment),
+        # The prolog reads the checks this job requires from its comment (docs/job-spec.md).
+        ("comment", spec.health.comment if gated else None),
     )
 
 
@@ -220,7 +221,7 @@ def control_options(spec: JobSpec) -> list[Option]:
     c = spec.control
     return [
         *_opts(("job-name", spec.control_name), ("requeue", True)),
-        *_shared_options(spec, "control"),
+        *_shared_options(spec, "control", gated=False),
         *_opts(
             ("time", c.time or spec.job.time),
             ("partition", c.partition or spec.job.partition),

@@ -515,6 +515,7 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    close = close or sorted(c for c in choices if c.startswith(word) or word.startswith(c))[:1]
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"allowed keys: {', '.join(sorted(choices))}{hint}"
 
