@@ -210,6 +210,8 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
             helper_srun=helper,
             trainer_srun=trainer,
             train_command=spec.train.command,
+            python=spec.control.python,
+            run_dir=str(spec.run_dir),
         )
     )
     return RenderedScript(

@@ -73,7 +73,9 @@ def test_helper_makes_a_het_job_with_per_replica_constraint() -> None:
         assert "#SBATCH --gres=gpu:4" in lines[:het]
         srun = [line for line in lines if line.startswith("srun ")]
         assert srun[0].startswith("srun --het-group=1 ") and srun[0].endswith("&")
-        assert srun[1].startswith("srun --het-group=0 ")
+        # The trainer's srun runs under the replica supervisor (`fthsdp replica ... -- srun`).
+        trainer = [line for line in lines if " -m fthsdp_cli replica " in line]
+        assert len(trainer) == 1 and " -- srun --het-group=0 " in trainer[0]
 
 
 def test_replica_ids_are_zero_padded_to_the_count() -> None:

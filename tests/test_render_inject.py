@@ -49,6 +49,15 @@ def hostile_spec(tmp_path: Path, helper: bool) -> tuple[Any, dict[str, str]]:
 def test_hostile_env_and_commands_render_inert(tmp_path: Path, helper: bool) -> None:
     spec, values = hostile_spec(tmp_path, helper)
     paths = write_scripts(render_run(spec, [1], control=False), tmp_path / "scripts")
+    # The trainer srun runs under `python -m fthsdp_cli replica ... -- srun ...`: stub the
+    # supervisor by running what follows `--`.
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "python").write_text(
+        '#!/bin/bash\nprintf "%s\\0" "$@" > "$FTHSDP_TEST_OUT/py-args"\n'
+        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n'
+    )
+    (shim / "python").chmod(0o755)
     r = run_body(paths[0], tmp_path, dump=[*values, "FTHSDP_REPLICA_ID", "FTHSDP_RUN_DIR"])
     assert r.returncode == 0, r.stderr
     pwned = sorted(p.name for p in tmp_path.glob("pwned*"))
@@ -62,6 +71,15 @@ def test_hostile_env_and_commands_render_inert(tmp_path: Path, helper: bool) -> 
         assert env[name] == value, name
     assert env["FTHSDP_REPLICA_ID"] == "1"
     assert env["FTHSDP_RUN_DIR"] == str(tmp_path / "run")
+    supervisor = (tmp_path / "py-args").read_text().split("\0")[:6]
+    assert supervisor == [
+        "-m",
+        "fthsdp_cli",
+        "replica",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--replica",
+    ]
     # The command reaches srun as one argument after `bash -c`, untouched.
     assert argv[argv.index(spec.train.command) - 1] == "-c"
     if helper:
