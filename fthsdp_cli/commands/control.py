@@ -34,8 +34,8 @@ _run_dir = click.option(
 )
 @click.option("--replicas", type=int, default=None, help="Replica count (default: run.json).")
 @click.option("--min-replicas", type=int, default=None, help="Default: run.json, else 1.")
-@click.option("--heartbeat-timeout-ms", default=2000, show_default=True, type=int)
-@click.option("--join-timeout-ms", default=10000, show_default=True, type=int)
+@click.option("--heartbeat-timeout-ms", type=int, default=None, help="Default: the spec's.")
+@click.option("--join-timeout-ms", type=int, default=None, help="Default: the spec's.")
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
 def control(
@@ -45,8 +45,8 @@ def control(
     bind: str | None,
     replicas: int | None,
     min_replicas: int | None,
-    heartbeat_timeout_ms: int,
-    join_timeout_ms: int,
+    heartbeat_timeout_ms: int | None,
+    join_timeout_ms: int | None,
     no_lighthouse: bool,
     no_poll: bool,
 ) -> None:
@@ -59,11 +59,12 @@ def control(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = run_dir.resolve()
     try:
-        policy, jobs = coord.load_run_settings(run_dir)
+        settings = coord.load_run_settings(run_dir)
     except InputError:
         if replicas is None:
             raise
-        policy, jobs = PolicyConfig(replicas=replicas), {}
+        settings = coord.RunSettings(PolicyConfig(replicas=replicas), {})
+    policy = settings.policy
     if replicas is not None:
         policy = replace(policy, replicas=replicas)
     if min_replicas is not None:
@@ -74,7 +75,7 @@ def control(
     config = coord.CoordinatorConfig(
         run_dir=run_dir,
         policy=policy,
-        job_ids=jobs,
+        job_ids=settings.job_ids,
         host=host,
         port=coordinator_port,
         poll_jobs=not no_poll,
@@ -85,8 +86,8 @@ def control(
             host=host,
             port=lighthouse_port,
             min_replicas=policy.min_replicas,
-            heartbeat_timeout_ms=heartbeat_timeout_ms,
-            join_timeout_ms=join_timeout_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms or settings.heartbeat_timeout_ms,
+            join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
         )
     asyncio.run(serve(config, lighthouse))
 

@@ -90,32 +90,51 @@ class CoordinatorConfig:
     action_backoff_max_s: float = 30.0
 
 
-def load_run_settings(run_dir: Path) -> tuple[PolicyConfig, dict[int, str]]:
-    """The policy settings (`run_dir/run.json`) and replica job ids (`run_dir/jobs.json`).
+@dataclass(frozen=True)
+class RunSettings:
+    policy: PolicyConfig
+    job_ids: dict[int, str]
+    heartbeat_timeout_ms: int = 2000
+    join_timeout_ms: int = 60000
 
-    `run.json` holds `replicas` and optionally the other `PolicyConfig` fields; `jobs.json` holds
-    `{"replicas": {"0": "1234", ...}}` (or a list). Either file may be missing: without
-    `run.json` the replica count must be given; without `jobs.json` the job ids are learned from
-    the reports.
+
+def load_run_settings(run_dir: Path) -> RunSettings:
+    """The run's recovery settings and replica job ids, from what `fthsdp submit` wrote.
+
+    `spec.json` gives `replicas.count` and the `[train]` knobs; `run.json` (optional, for runs
+    not made by `submit`) may hold `replicas` and any other `PolicyConfig` field and wins;
+    `jobs.json` maps replicas to job ids (`{"replicas": [{"replica": 0, "job_id": "12"}, ...]}`
+    or `{"replicas": {"0": "12"}}`). Without job ids the coordinator learns them from reports.
     """
     settings: dict[str, Any] = {}
+    lighthouse: dict[str, int] = {}
+    spec_file = run_dir / "spec.json"
+    if spec_file.exists():
+        spec = json.loads(spec_file.read_text())
+        train = spec.get("train", {})
+        settings["replicas"] = int(spec["replicas"]["count"])
+        for key in ("min_replicas", "max_restarts_per_replica", "restart_window_s"):
+            if key in train:
+                settings[key] = train[key]
+        for key in ("heartbeat_timeout", "join_timeout"):
+            if f"{key}_s" in train:
+                lighthouse[f"{key}_ms"] = int(float(train[f"{key}_s"]) * 1000)
     run_file = run_dir / RUN_FILE
     if run_file.exists():
         raw = json.loads(run_file.read_text())
         allowed = {f.name for f in fields(PolicyConfig)}
-        settings = {k: v for k, v in raw.get("policy", raw).items() if k in allowed}
+        settings.update({k: v for k, v in raw.items() if k in allowed})
     if "replicas" not in settings:
-        raise InputError(f"{run_file}: replicas", None, "a run.json with the replica count")
+        raise InputError("RUN_DIR", str(run_dir), "a run directory with spec.json (or run.json)")
     jobs: dict[int, str] = {}
     jobs_file = run_dir / JOBS_FILE
     if jobs_file.exists():
         raw_jobs = json.loads(jobs_file.read_text()).get("replicas", {})
-        items = enumerate(raw_jobs) if isinstance(raw_jobs, list) else raw_jobs.items()
-        for k, v in items:
-            job = v.get("job_id") if isinstance(v, dict) else v
-            if job is not None:
-                jobs[int(k)] = str(job)
-    return PolicyConfig(**settings), jobs
+        if isinstance(raw_jobs, dict):
+            jobs = {int(k): str(v) for k, v in raw_jobs.items()}
+        else:
+            jobs = {int(r["replica"]): str(r["job_id"]) for r in raw_jobs}
+    return RunSettings(PolicyConfig(**settings), jobs, **lighthouse)
 
 
 def ensure_secret(run_dir: Path) -> bytes:
