@@ -98,8 +98,20 @@ def control(
 @click.option(
     "--decision-wait", default=30.0, show_default=True, help="Seconds to await a verdict."
 )
+@click.option(
+    "--requeue-wait",
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for Slurm to stop this job once it is requeued.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def replica(run_dir: Path, replica: int, decision_wait: float, command: tuple[str, ...]) -> None:
+def replica(
+    run_dir: Path,
+    replica: int,
+    decision_wait: float,
+    requeue_wait: float,
+    command: tuple[str, ...],
+) -> None:
     """Run one replica's step (COMMAND, usually `srun ...`) under its supervisor.
 
     When the step fails, the supervisor reports it and asks the coordinator whether to relaunch it
@@ -113,4 +125,5 @@ def replica(run_dir: Path, replica: int, decision_wait: float, command: tuple[st
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = SupervisorConfig.from_env(run_dir.resolve(), replica, list(command))
     config.decision_wait_s = decision_wait
+    config.requeue_wait_s = requeue_wait
     sys.exit(Supervisor(config).run())

@@ -1,7 +1,9 @@
-"""`fthsdp status`: where each replica of a run stands, from jobs.json joined with squeue.
+"""`fthsdp status`, `fthsdp requeue`, `fthsdp events`: a run as Slurm and its control plane see it.
 
-`run_status` builds plain data (a dict that `--json` prints as is) and `_present` draws it with
-rich; other sources (the coordinator's view) extend the data, not the presenter.
+`run_status` builds plain data from jobs.json joined with squeue; `full_status` adds the
+coordinator's view (`runtime.control.client`): per replica step, state, restarts, last failure,
+plus the quorum, the cursor and the drained nodes. `--json` prints that dict as is; `_render`
+only draws it with rich. `requeue` and `events` are thin wrappers over the same client module.
 """
 
 from __future__ import annotations
@@ -29,35 +31,127 @@ def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
     }
 
 
-def _present(status: dict[str, Any]) -> None:
-    from rich.console import Console
+def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
+    """`run_status` joined with the coordinator's view and the nodes fthsdp drained."""
+    from runtime.control.client import fetch_state, merge_status
+    from slurm.backend import SlurmCommandError
+
+    base = run_status(run_dir, backend)
+    try:
+        nodes = backend.nodes()
+    except SlurmCommandError:
+        nodes = []
+    return merge_status(base, fetch_state(run_dir), nodes)
+
+
+def _render(status: dict[str, Any]) -> Any:
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"run {status['name']} ({status['run_dir']})")
-    for col in ("role", "replica", "job id", "state", "nodes", "restarts", "reason"):
+    for col in ("replica", "job id", "nodes", "step", "state", "restarts", "relaunches", "failure"):
         table.add_column(col)
-    for row in status["jobs"]:
+    for row in status["replicas"]:
         table.add_row(
-            row["role"],
-            "" if row["replica"] is None else str(row["replica"]),
-            row["job_id"],
+            str(row["replica"]),
+            row["job_id"] or "-",
+            ",".join(row["nodes"]) or "-",
+            "-" if row["step"] is None else str(row["step"]),
             row["state"],
-            " + ".join(n or "-" for n in row["nodes"]) or "-",
             "-" if row["restarts"] is None else str(row["restarts"]),
-            row["reason"] if row["reason"] not in ("None", "") else "",
+            "-" if row["relaunches"] is None else str(row["relaunches"]),
+            (row["last_failure"] or "")[:60],
         )
-    Console().print(table)
+    control = [j for j in status["jobs"] if j["role"] == "control"]
+    lines = []
+    for job in control:
+        lines.append(f"control job {job['job_id']}: {job['state']}")
+    if status["coordinator"]:
+        lines.append(
+            f"coordinator {status['coordinator']}: quorum {status['quorum_id']}, "
+            f"{status['participants']} participants, cursor {status['cursor']}"
+        )
+    else:
+        lines.append("coordinator: not reachable (Slurm's view only)")
+    for d in status["drained"]:
+        lines.append(f"drained {d['node']}: {d['reason']}")
+    return Group(table, *(Text(line) for line in lines))
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(run_dir: Path, as_json: bool) -> None:
+@click.option("--watch", is_flag=True, help="Keep the table live until interrupted.")
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes.")
+def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     """Show the state of a run's replicas and control job."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
     from slurm.backend import default_backend
 
-    data = run_status(run_dir, default_backend())
-    if as_json:
+    backend = default_backend()
+    data = full_status(run_dir, backend)
+    if as_json and not watch:
         click.echo(json.dumps(data, indent=2))
+        return
+    if not watch:
+        Console().print(_render(data))
+        return
+    with Live(_render(data), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                data = full_status(run_dir, backend)
+                if as_json:
+                    click.echo(json.dumps(data))
+                else:
+                    live.update(_render(data))
+        except KeyboardInterrupt:
+            pass
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--replica", required=True, type=int, help="The replica whose job to requeue.")
+@click.option("--drain", "drain_node", default=None, help="Drain this node first.")
+@click.option("--reason", default="requeued by operator", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def requeue(
+    run_dir: Path, replica: int, drain_node: str | None, reason: str, as_json: bool
+) -> None:
+    """Requeue one replica's job (draining a node first), through the coordinator if it runs."""
+    from runtime.control.client import request_requeue
+    from slurm.backend import default_backend
+
+    result = request_requeue(run_dir, replica, default_backend(), drain_node, reason)
+    if as_json:
+        click.echo(json.dumps(result))
     else:
-        _present(data)
+        click.echo(f"replica {replica}: job {result['job_id']} requeued (via {result['via']})")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--last", type=int, default=None, help="Only the last N entries.")
+def events(run_dir: Path, as_json: bool, last: int | None) -> None:
+    """Print the run's control-plane journal (reports, decisions, Slurm actions), newest last."""
+    import dataclasses
+    from datetime import datetime
+
+    from runtime.control.client import journal_entries
+
+    entries = journal_entries(run_dir)
+    if last is not None:
+        entries = entries[-last:]
+    for e in entries:
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(e)))
+        else:
+            when = datetime.fromtimestamp(e.at).strftime("%H:%M:%S.%f")[:-3]
+            who = "" if e.replica is None else f"r{e.replica} "
+            click.echo(f"{when} {who}{e.kind}: {e.text}")

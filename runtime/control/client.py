@@ -1,0 +1,137 @@
+"""Operator-side access to a run's control plane: its state, a manual requeue, its journal.
+
+`fthsdp status`, `fthsdp requeue` and `fthsdp events` call these. The coordinator's address comes
+from `run_dir/control.json`; when the coordinator cannot be reached, status falls back to Slurm's
+view alone and requeue acts on Slurm directly through `slurm.backend` (and says so), so an
+operator is never stuck behind a dead control job.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
+from runtime.control.report import read_secret, sign
+from slurm.backend import NodeInfo, SlurmBackend, drain_reason
+from slurm.errors import InputError
+
+#: squeue state -> the status table's state when the coordinator has nothing to say.
+_SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}
+
+
+def coordinator_url(run_dir: Path) -> str | None:
+    try:
+        value = json.loads((Path(run_dir) / "control.json").read_text()).get("coordinator")
+    except (OSError, ValueError):
+        return None
+    return str(value) if value else None
+
+
+def fetch_state(run_dir: Path, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The coordinator's `/v1/state`, or None when there is no reachable coordinator."""
+    url = coordinator_url(run_dir)
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(url + "/v1/state", timeout=timeout) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    data["url"] = url
+    return data
+
+
+def merge_status(
+    base: dict[str, Any], coord: dict[str, Any] | None, nodes: list[NodeInfo]
+) -> dict[str, Any]:
+    """Add `replicas`, `drained` and the quorum/cursor to the squeue-based status of a run."""
+    rows = {r["replica"]: r for r in base.get("jobs", []) if r.get("role") == "replica"}
+    creps = {r["replica"]: r for r in (coord or {}).get("replicas", [])}
+    replicas = []
+    for k in sorted(set(rows) | set(creps)):
+        row, c = rows.get(k, {}), creps.get(k)
+        slurm_state = str(row.get("state", "")).upper()
+        state = c["phase"] if c else _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
+        if slurm_state in ("PENDING", "REQUEUED") and state in ("starting", "restarting"):
+            state = "pending"
+        nodes_field = [n for n in row.get("nodes", []) if n] or (c["nodes"] if c else [])
+        restarts = row.get("restarts")
+        if restarts is None and c is not None:
+            restarts = c["restarts"]
+        replicas.append(
+            {
+                "replica": k,
+                "job_id": row.get("job_id") or (c["job_id"] if c else None),
+                "state": state,
+                "slurm_state": slurm_state or None,
+                "nodes": nodes_field,
+                "step": c["step"] if c else None,
+                "restarts": restarts,
+                "relaunches": c["relaunches"] if c else None,
+                "requeues": (c["requeues"] + c["slurm_requeues"]) if c else None,
+                "last_failure": c["last_failure"] if c else None,
+            }
+        )
+    drained = {d["node"]: d["reason"] for d in (coord or {}).get("drained", [])}
+    for n in nodes:
+        if n.drained_by_us:
+            drained[n.name] = n.reason
+    out = dict(base)
+    out["replicas"] = replicas
+    out["drained"] = [{"node": n, "reason": r} for n, r in sorted(drained.items())]
+    out["coordinator"] = coord.get("url") if coord else None
+    out["quorum_id"] = coord.get("quorum_id") if coord else None
+    out["participants"] = coord.get("participants") if coord else None
+    out["cursor"] = coord.get("cursor") if coord else None
+    return out
+
+
+def request_requeue(
+    run_dir: Path,
+    replica: int,
+    backend: SlurmBackend,
+    drain: str | None = None,
+    reason: str = "requeued by operator",
+    timeout: float = 5.0,
+) -> dict[str, Any]:
+    """Requeue one replica's job (draining `drain` first) via the coordinator, else directly."""
+    from slurm.run_dir import read_run
+
+    job_id = read_run(run_dir).replica(replica).job_id
+    url = coordinator_url(run_dir)
+    if url is not None:
+        body = json.dumps({"replica": replica, "drain": drain, "reason": reason}).encode()
+        headers = {"Content-Type": "application/json"}
+        headers.update(sign(read_secret(Path(run_dir) / "secret"), body))
+        req = urllib.request.Request(url + "/v1/requeue", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                answer = json.loads(resp.read())
+            return {"via": "coordinator", "job_id": answer.get("job_id") or job_id}
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500:
+                detail = exc.read().decode(errors="replace")
+                raise InputError(
+                    "--replica", replica, f"refused by the coordinator: {detail}"
+                ) from None
+        except OSError:
+            pass
+    drained = backend.drain(drain, drain_reason("manual", reason)) if drain else None
+    backend.requeue(job_id)
+    backend.release(job_id)
+    return {"via": "slurm", "job_id": job_id, "drained": drained}
+
+
+def journal_entries(run_dir: Path) -> list[JournalEntry]:
+    path = Path(run_dir) / JOURNAL_FILE
+    if not path.exists():
+        raise InputError("RUN_DIR", str(run_dir), f"a run directory with {JOURNAL_FILE}")
+    journal = Journal(path)
+    try:
+        return journal.entries()
+    finally:
+        journal.close()

@@ -1,0 +1,180 @@
+"""Test helpers for the control plane: stand-ins for Slurm's commands that keep state in a JSON
+file and log every call, a `fthsdp control` process that can be killed with -9, and signed posts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.control.report import ReplicaReport, sign
+
+FAKE_SLURM = r'''#!PYTHON
+"""Stand-in for scontrol/squeue/sinfo: state in $FAKE_SLURM_STATE, calls in $FAKE_SLURM_LOG."""
+import fcntl, json, os, sys, time
+name = os.path.basename(sys.argv[0]); args = sys.argv[1:]
+state_path = os.environ["FAKE_SLURM_STATE"]
+with open(state_path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    state = json.load(open(state_path))
+    with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
+        log.write(" ".join([name, *args]) + "\n")
+    if name == "squeue":
+        ids = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--jobs=")]
+        want = set(ids[0]) if ids else set(state["jobs"])
+        jobs = [dict(job_id=int(j), name="r", job_state=v["state"], nodes=v["nodes"],
+                     restart_cnt=v["restarts"], state_reason="", het_job_id=0, het_job_offset=0)
+                for j, v in state["jobs"].items() if j in want]
+        print(json.dumps({"jobs": jobs}))
+    elif name == "sinfo":
+        print(json.dumps({"nodes": [dict(name=n, state=v["state"], state_flags=v["flags"],
+                                         reason=v["reason"]) for n, v in state["nodes"].items()]}))
+    elif name == "scontrol" and args[0] == "requeue":
+        time.sleep(float(os.environ.get("FAKE_REQUEUE_SLEEP", "0")))
+        job = state["jobs"][args[1]]; job["restarts"] += 1; job["state"] = "PENDING"
+    elif name == "scontrol" and args[0] == "update" and args[1].startswith("NodeName="):
+        node = state["nodes"][args[1].split("=", 1)[1]]
+        node["flags"] = ["DRAIN"]; node["reason"] = args[3].split("=", 1)[1]
+    json.dump(state, open(state_path + ".tmp", "w")); os.replace(state_path + ".tmp", state_path)
+'''
+
+
+def install_fake_slurm(root: Path, jobs: dict[str, str]) -> dict[str, str]:
+    """Fake Slurm commands under root/bin; returns the environment that uses them."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "fake_slurm"
+    script.write_text(FAKE_SLURM.replace("#!PYTHON", "#!" + sys.executable))
+    script.chmod(0o755)
+    for name in ("scontrol", "squeue", "sinfo", "scancel", "sbatch"):
+        (bin_dir / name).symlink_to(script)
+    state = {
+        "jobs": {j: {"state": "RUNNING", "nodes": node, "restarts": 0} for j, node in jobs.items()},
+        "nodes": {
+            f"node{i}": {"state": "allocated", "flags": [], "reason": ""} for i in range(1, 5)
+        },
+    }
+    (root / "slurm.json").write_text(json.dumps(state))
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        FAKE_SLURM_STATE=str(root / "slurm.json"),
+        FAKE_SLURM_LOG=str(root / "calls.log"),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    return env
+
+
+def calls(root: Path, prefix: str) -> list[str]:
+    log = root / "calls.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if line.startswith(prefix)]
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class ControlProcess:
+    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
+        self.run_dir, self.env = run_dir, env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        control = self.run_dir / "control.json"
+        control.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "fthsdp_cli", "control", "--run-dir", str(self.run_dir)]
+        argv += ["--bind", "127.0.0.1", "--no-lighthouse"]
+        log = open(self.run_dir / "control.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
+        log.close()
+        wait_for(control.exists, what="control.json")
+        return str(json.loads(control.read_text())["coordinator"])
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def post(url: str, secret: bytes, report: ReplicaReport) -> int:
+    body = report.to_json()
+    req = urllib.request.Request(
+        url + "/v1/reports", data=body, method="POST", headers=sign(secret, body)
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return int(resp.status)
+
+
+def fatal(k: int, job: str, node: str, seq: int = 9) -> ReplicaReport:
+    return ReplicaReport(
+        replica=k,
+        incarnation=f"w{k}",
+        seq=seq,
+        kind="fatal",
+        job_id=job,
+        nodes=[node],
+        failure="node",
+        failed_node=node,
+        last_error="Xid 79",
+    )
+
+
+def action_status(run_dir: Path, kind: str, job: str) -> list[str]:
+    db = sqlite3.connect(run_dir / "control.sqlite")
+    try:
+        rows = db.execute("SELECT payload, status FROM actions WHERE type = ?", (kind,)).fetchall()
+    finally:
+        db.close()
+    return [status for payload, status in rows if json.loads(payload).get("job_id") == job]
+
+
+@pytest.fixture
+def live_run(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str], ControlProcess]]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(
+        json.dumps({"replicas": {"count": 2}, "train": {"min_replicas": 1}})
+    )
+    record = {
+        "name": "t",
+        "run_dir": str(run_dir),
+        "submitted_at": 0.0,
+        "control": {"role": "control", "job_id": "99", "job_name": "t-ctl", "script": "c"},
+        "replicas": [
+            {"role": "replica", "job_id": str(100 + k), "job_name": f"t-r{k}", "script": "r",
+             "replica": k}
+            for k in range(2)
+        ],
+    }  # fmt: skip
+    (run_dir / "jobs.json").write_text(json.dumps(record))
+    env = install_fake_slurm(tmp_path, {"99": "node4", "100": "node1", "101": "node2"})
+    proc = ControlProcess(run_dir, env)
+    try:
+        yield run_dir, tmp_path, env, proc
+    finally:
+        proc.stop()
