@@ -492,3 +492,67 @@ class LocalLauncher:
 
 def launch(cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None) -> RunSummary:
     return LocalLauncher(cfg, on_update).run()
+
+
+def config_from_spec(
+    spec: Any,
+    *,
+    replicas: int | None = None,
+    ranks_per_replica: int | None = None,
+    steps: int | None = None,
+    run_dir: Path | None = None,
+    **faults: Any,
+) -> LaunchConfig:
+    """A `LaunchConfig` from a `slurm.spec.JobSpec` (CLI options override the spec)."""
+    from slurm.errors import InputError
+
+    train = spec.train
+    timeouts = Timeouts(
+        heartbeat_s=float(train.heartbeat_timeout_s),
+        allreduce_s=float(train.allreduce_timeout_s),
+        quorum_s=float(train.quorum_timeout_s),
+        join_s=float(train.join_timeout_s),
+    )
+    if (why := timeouts.problem()) is not None:
+        raise InputError("train.allreduce_timeout_s", train.allreduce_timeout_s, why)
+    per_node = spec.replicas.tasks_per_node or max(spec.replicas.gpus_per_node, 1)
+    count = replicas if replicas is not None else spec.replicas.count
+    if count < 1:
+        raise InputError("--replicas", count, "at least 1")
+    ranks = ranks_per_replica if ranks_per_replica is not None else spec.replicas.nodes * per_node
+    if ranks < 1:
+        raise InputError("--ranks-per-replica", ranks, "at least 1")
+    kill = faults.get("kill_replica")
+    if kill is not None and not 0 <= kill < count:
+        raise InputError("--kill-replica", kill, f"a replica id in 0..{count - 1}")
+    return LaunchConfig(
+        run_dir=run_dir if run_dir is not None else Path(spec.job.run_dir),
+        command=resolve_command(train.command),
+        replicas=count,
+        ranks_per_replica=ranks,
+        steps=steps if steps is not None else (train.steps or 100),
+        min_replicas=min(train.min_replicas, count),
+        max_restarts_per_replica=train.max_restarts_per_replica,
+        restart_window_s=float(train.restart_window_s),
+        timeouts=timeouts,
+        checkpoint_every_steps=train.checkpoint_every_steps,
+        checkpoint_every_s=float(train.checkpoint_every_s),
+        job_name=spec.job.name,
+        **faults,
+    )
+
+
+#: Run-directory entries a fresh local run clears (durable checkpoints are kept with --resume).
+RUN_STATE = ("progress", "ledger", "final", "logs", "finished")
+
+
+def clear_run_state(run_dir: Path, keep_checkpoints: bool) -> None:
+    import shutil
+
+    names = RUN_STATE if keep_checkpoints else (*RUN_STATE, "checkpoints")
+    for name in names:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
