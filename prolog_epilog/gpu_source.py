@@ -1,3 +1,4 @@
+# ruff: noqa: B023  -- every lambda below is called at once by _try, inside its loop iteration
 """Where GPU facts come from: NVML (nvidia-ml-py) or `nvidia-smi` text, behind one interface.
 
 NVML is the interface NVIDIA keeps stable and it is fast (no process per query), so `auto`
@@ -164,7 +165,7 @@ class NvmlSource:
         return [(i, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount())]
 
     @staticmethod
-    def _try(fn: Callable[[], T]) -> T | None:
+    def _try(fn: Callable[[], Any]) -> Any:
         import pynvml
 
         try:
@@ -194,7 +195,7 @@ class NvmlSource:
             unc, cor = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
             vol, agg = nv.NVML_VOLATILE_ECC, nv.NVML_AGGREGATE_ECC
             for i, h in self._handles():
-                mode = self._try(lambda h=h: nv.nvmlDeviceGetEccMode(h))
+                mode = self._try(lambda: nv.nvmlDeviceGetEccMode(h))
                 enabled = None if mode is None else bool(mode[0] == nv.NVML_FEATURE_ENABLED)
 
                 def total(kind: int, counter: int, h: Any = h) -> int | None:
@@ -221,24 +222,24 @@ class NvmlSource:
                         else None,
                     )
                 )
-                rr = self._try(lambda h=h: nv.nvmlDeviceGetRemappedRows(h))
+                rr = self._try(lambda: nv.nvmlDeviceGetRemappedRows(h))
                 if rr is not None:
                     rows.append(RemappedRows(i, int(rr[0]), int(rr[1]), bool(rr[2]), bool(rr[3])))
                 sbe = self._try(
-                    lambda h=h: len(
+                    lambda: len(
                         nv.nvmlDeviceGetRetiredPages(
                             h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
                         )
                     )
                 )
                 dbe = self._try(
-                    lambda h=h: len(
+                    lambda: len(
                         nv.nvmlDeviceGetRetiredPages(
                             h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
                         )
                     )
                 )
-                pend = self._try(lambda h=h: nv.nvmlDeviceGetRetiredPagesPendingStatus(h))
+                pend = self._try(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(h))
                 if sbe is not None or dbe is not None:
                     pages.append(RetiredPages(i, sbe, dbe, None if pend is None else bool(pend)))
             return eccs, rows, pages
@@ -253,7 +254,7 @@ class NvmlSource:
                 links: dict[int, float | None] = {}
                 supported = 0
                 for link in range(nv.NVML_NVLINK_MAX_LINKS):
-                    state = self._try(lambda h=h, link=link: nv.nvmlDeviceGetNvLinkState(h, link))
+                    state = self._try(lambda: nv.nvmlDeviceGetNvLinkState(h, link))
                     if state is None:
                         continue  # link does not exist on this GPU
                     supported += 1
@@ -293,17 +294,10 @@ class NvmlSource:
             for i, h in self._handles():
                 links: dict[int, dict[str, int]] = {}
                 for link in range(nv.NVML_NVLINK_MAX_LINKS):
-                    if (
-                        self._try(lambda h=h, link=link: nv.nvmlDeviceGetNvLinkState(h, link))
-                        is None
-                    ):
+                    if self._try(lambda: nv.nvmlDeviceGetNvLinkState(h, link)) is None:
                         continue
                     for name, counter in names.items():
-                        v = self._try(
-                            lambda h=h, link=link, counter=counter: (
-                                nv.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
-                            )
-                        )
+                        v = self._try(lambda: nv.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
                         if v is not None:
                             links.setdefault(link, {})[name] = int(v)
                 out.append(NvLinkErrors(i, links))
@@ -317,10 +311,10 @@ class NvmlSource:
             return [
                 PcieLink(
                     i,
-                    self._try(lambda h=h: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h))),
-                    self._try(lambda h=h: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))),
-                    self._try(lambda h=h: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))),
-                    self._try(lambda h=h: int(nv.nvmlDeviceGetMaxPcieLinkWidth(h))),
+                    self._try(lambda: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h))),
+                    self._try(lambda: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))),
+                    self._try(lambda: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))),
+                    self._try(lambda: int(nv.nvmlDeviceGetMaxPcieLinkWidth(h))),
                 )
                 for i, h in self._handles()
             ]
@@ -333,9 +327,9 @@ class NvmlSource:
             out = []
             for i, h in self._handles():
                 temp = self._try(
-                    lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                    lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
                 )
-                mask = self._try(lambda h=h: int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)))
+                mask = self._try(lambda: int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)))
                 out.append(
                     ThermalState(
                         i,
@@ -361,7 +355,7 @@ class NvmlSource:
             out = []
             for _, h in self._handles():
                 bus = _s(nv.nvmlDeviceGetPciInfo(h).busId)
-                for p in self._try(lambda h=h: nv.nvmlDeviceGetComputeRunningProcesses(h)) or []:
+                for p in self._try(lambda: nv.nvmlDeviceGetComputeRunningProcesses(h)) or []:
                     mem = getattr(p, "usedGpuMemory", None)
                     out.append(
                         GpuProcess(int(p.pid), bus, None if mem is None else int(mem) // 2**20)

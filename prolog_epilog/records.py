@@ -125,7 +125,7 @@ class XidEvent:
 
 
 def normalize_bus(bus: str) -> tuple[int, int, int] | None:
-    """(domain, bus, device) from `00000000:9B:00.0`, `0000:9b:00` or `9b:00.0`; None if unparsable."""
+    """(domain, bus, device) from `00000000:9B:00.0`, `0000:9b:00` or `9b:00.0`, else None."""
     text = bus.strip().lower().replace("pci:", "")
     parts = text.split(":")
     try:

@@ -23,7 +23,7 @@ from prolog_epilog.checks.base import CheckContext, CheckResult
 from prolog_epilog.config import CHECK_NAMES, GPU_SOURCES, HealthConfig, load_config
 from prolog_epilog.gpu_source import GpuSource, make_source
 from prolog_epilog.state import StateStore
-from prolog_epilog.tools import ToolError
+from prolog_epilog.tools import ToolError, kill_tools
 from slurm.backend import drain_reason
 from slurm.errors import InputError
 
@@ -164,6 +164,8 @@ def run_checks(
     for name, thread, deadline, timeout in sorted(threads, key=lambda t: t[2]):
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive() or name not in results:
+            if thread.ident is not None:
+                kill_tools(thread.ident)
             waited = min(timeout, budget)
             results[name] = CheckResult(
                 name, "error", f"timed out after {waited:g}s", "timed out", time.monotonic() - start

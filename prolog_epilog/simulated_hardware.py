@@ -187,7 +187,8 @@ def render_kernel_log(node: str, xid_gpu: int | None, now: float) -> str:
         (boot + 4.3, "nvidia-nvlink: Nvlink Core is being initialized, major device number 511"),
         (
             boot + 9.8,
-            "mlx5_core 0000:1a:00.0: mlx5_pcie_event:301:(pid 1035): PCIe slot advertised sufficient power (27W).",
+            "mlx5_core 0000:1a:00.0: mlx5_pcie_event:301:(pid 1035): "
+            "PCIe slot advertised sufficient power (27W).",
         ),
         (
             boot + 11.2,
@@ -195,7 +196,8 @@ def render_kernel_log(node: str, xid_gpu: int | None, now: float) -> str:
         ),
         (
             now - 60,
-            "perf: interrupt took too long (2513 > 2500), lowering kernel.perf_event_max_sample_rate to 79500",
+            "perf: interrupt took too long (2513 > 2500), "
+            "lowering kernel.perf_event_max_sample_rate to 79500",
         ),
     ]
     if xid_gpu is not None:
@@ -203,7 +205,8 @@ def render_kernel_log(node: str, xid_gpu: int | None, now: float) -> str:
         lines.append(
             (
                 now - 1,
-                f"NVRM: Xid (PCI:{pci}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+                f"NVRM: Xid (PCI:{pci}): 79, pid='<unknown>', name=<unknown>, "
+                "GPU has fallen off the bus.",
             )
         )
     return "".join(

@@ -109,9 +109,8 @@ def main(argv: list[str]) -> int:
         table = list(csv.reader(io.StringIO(_read("query_gpu.csv")), skipinitialspace=True))
         h = table[0]
         for row in table[1:]:
-            sys.stdout.write(
-                f"GPU {row[h.index('index')]}: {row[h.index('name')]} (UUID: {row[h.index('uuid')]})\n"
-            )
+            i, name, uuid = (row[h.index(k)] for k in ("index", "name", "uuid"))
+            sys.stdout.write(f"GPU {i}: {name} (UUID: {uuid})\n")
     else:
         sys.stderr.write("stand-in nvidia-smi: unsupported arguments: " + " ".join(argv) + "\n")
         return 2

@@ -13,8 +13,30 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+_LIVE: dict[int, int] = {}  # pid -> ident of the thread that started it
+_LIVE_LOCK = threading.Lock()
+
+
+def _killpg(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def kill_tools(thread_ident: int | None = None) -> int:
+    """SIGKILL the process groups of running tools (of one thread, or all); returns how many.
+
+    The runner calls this for a check it abandons at its timeout, and the entry points call it
+    before exiting, so no `nvidia-smi` outlives the run that started it.
+    """
+    with _LIVE_LOCK:
+        pids = [p for p, t in _LIVE.items() if thread_ident is None or t == thread_ident]
+    for pid in pids:
+        _killpg(pid)
+    return len(pids)
 
 
 class ToolError(RuntimeError):
@@ -52,14 +74,18 @@ def run_tool(
         raise ToolError(f"{argv[0]}: not found") from None
     except OSError as exc:
         raise ToolError(f"{argv[0]}: {exc.strerror or exc}") from None
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = threading.get_ident()
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _killpg(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=1.0)
         raise ToolError(f"{os.path.basename(argv[0])} timed out after {timeout:.1f}s") from None
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
     if proc.returncode not in ok_codes:
         last = (err or out).strip().splitlines()[-1:] or [""]
         raise ToolError(f"{os.path.basename(argv[0])} exited {proc.returncode}: {last[0][:120]}")

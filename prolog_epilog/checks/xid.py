@@ -9,6 +9,7 @@ available, so the drain reason says which GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -88,8 +89,7 @@ def run(ctx: CheckContext) -> CheckResult:
         raise
     events = parse_xid_lines(text, now=now, boot_time=boot)
     if any(e.time is not None and e.time >= since for e in events):
-        try:
+        # The GPU list is a nicety here; a dead nvidia-smi must not hide the Xid.
+        with contextlib.suppress(Exception):
             events = attach_gpu_index(events, ctx.source.gpus(min(ctx.remaining(), 3.0)))
-        except Exception:  # the GPU list is a nicety here; a dead nvidia-smi must not hide the Xid
-            pass
     return judge(events, since, cfg)
