@@ -427,9 +427,19 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (written to run_dir/spec.json at submit)."""
-        data = dataclasses.asdict(self)
-        data["job"]["env"] = dict(self.job.env)
-        return data
+        return _plain(self)  # not dataclasses.asdict: it cannot deep-copy job.env's mappingproxy
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,6 +193,15 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
         ],
     ),
     (
+        "worker names its host, not the Slurm node: a one-node replica's node is drained",
+        [*WARM, fatal(1, 2, 5.0, "node", "vm-hostname")],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
         "user error -> exit for good, nothing on Slurm",
         [*WARM, fatal(1, 2, 5.0, None, exit_code=ExitCode.USER_ERROR)],
         [],
@@ -323,3 +332,10 @@ def test_events_and_actions_round_trip() -> None:
     _, per = run(evs)
     acts = [a for acts in per for a in acts]
     assert [action_from_dict(action_to_dict(a)) for a in acts] == acts  # type: ignore[arg-type]
+
+
+def test_health_check_reason_is_kept_as_the_drain_reason() -> None:
+    ev = fatal(1, 2, 5.0, "node", "node2")
+    ev.report.last_error = "fthsdp: xid: Xid 79 0000:db:00"
+    _, per = run([*WARM, ev])
+    assert Drain("node2", "fthsdp: xid: Xid 79 0000:db:00", 1) in per[-1]

@@ -59,7 +59,13 @@ class RecordingBackend:
         return False
 
     def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
-        return [JobInfo(j, "x", "RUNNING", "node1", 0, "") for j in job_ids]
+        requeued = {c[1] for c in self.calls if c[0] == "requeue"}
+        return [
+            JobInfo(
+                j, "x", "PENDING" if j in requeued else "RUNNING", "node1", int(j in requeued), ""
+            )
+            for j in job_ids
+        ]
 
     def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
         return []

@@ -88,6 +88,7 @@ class CoordinatorConfig:
     action_retries: int = 5
     action_backoff_s: float = 1.0
     action_backoff_max_s: float = 30.0
+    release_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,20 @@ class RunSettings:
     job_ids: dict[int, str]
     heartbeat_timeout_ms: int = 2000
     join_timeout_ms: int = 60000
+
+
+#: Failures worth retrying: Slurm busy or restarting, a command that timed out.
+_TRANSIENT = (
+    "Unable to contact",
+    "Socket timed out",
+    "Connection refused",
+    "temporarily",
+    "timed out",
+)
+
+
+def transient(exc: SlurmCommandError) -> bool:
+    return exc.returncode == -1 or any(t in exc.stderr for t in _TRANSIENT)
 
 
 def load_run_settings(run_dir: Path) -> RunSettings:
@@ -269,7 +284,7 @@ class Coordinator:
                         None, self._execute, action, resumed
                     )
                 except SlurmCommandError as exc:
-                    if attempt + 1 >= self.config.action_retries:
+                    if attempt + 1 >= self.config.action_retries or not transient(exc):
                         self.journal.attempt(stored.id, "failed", str(exc))
                         log.error("giving up on %s: %s", action, exc)
                         break
@@ -298,8 +313,17 @@ class Coordinator:
             b.requeue(action.job_id)
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
+            # `StartTime=now` only sticks once the requeued job is back to PENDING (before that
+            # Slurm is still completing it and then sets its begin time ~120 s ahead).
+            waited = 0.0
+            while waited < self.config.release_wait_s:
+                current = [j for j in b.jobs([action.job_id]) if j.het_offset == 0]
+                if not current or current[0].state.upper() == "PENDING":
+                    break
+                time.sleep(0.5)
+                waited += 0.5
             b.release(action.job_id)
-            return ("done", "eligible now")
+            return ("done", f"eligible now (waited {waited:.1f}s for PENDING)")
         if isinstance(action, Cancel):
             b.cancel([action.job_id])
             return ("done", "cancelled")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from runtime.control.report import ExitCode, ReplicaReport
-from slurm.backend import drain_reason
+from slurm.backend import DRAIN_PREFIX, REASON_MAX, drain_reason
 
 Phase = Literal[
     "pending", "starting", "training", "healing", "restarting", "requeued", "out", "done", "ended"
@@ -407,7 +407,15 @@ def _drain(
     detail: str,
     actions: list[Action],
 ) -> None:
-    reason = drain_reason(check, detail)
+    if node not in r.nodes and r.nodes:
+        # A worker may name its host rather than its Slurm node; a one-node replica is unambiguous.
+        if len(r.nodes) != 1:
+            actions.append(Note(r.replica, f"failed node {node!r} is not one of {r.nodes}"))
+            return
+        node = r.nodes[0]
+    # A detail that already is a drain reason (a failed health check's) is used as it is.
+    reason = drain_reason(check, detail) if not detail.startswith(DRAIN_PREFIX) else detail
+    reason = reason.replace("\n", " ")[:REASON_MAX]
     if state.drained.get(node) != reason:
         state.drained[node] = reason
         actions.append(Drain(node, reason, r.replica))
