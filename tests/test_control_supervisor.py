@@ -3,8 +3,10 @@ the coordinator's requeue, and with no coordinator the job requeues itself."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,23 @@ def test_unreachable_coordinator_falls_back_to_self_requeue(
     assert r.returncode == 75, r.stderr
     assert calls(root, "scontrol requeue") == ["scontrol requeue 101"]
     assert calls(root, "scontrol update JobId=101 StartTime=now")
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_from_slurm_never_requeues(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> None:
+    run_dir, root, env, _ = live_run  # no coordinator: a failure would requeue itself
+    env = dict(env, SLURM_JOB_ID="101")
+    argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
+    argv += ["--replica", "1", "--", "sleep", "30"]
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        time.sleep(1.5)  # let it start its step
+        proc.send_signal(signal.SIGTERM)  # what scancel does to the batch script
+        assert proc.wait(20) == 75
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert calls(root, "scontrol requeue") == []

@@ -120,12 +120,16 @@ class Supervisor:
         self.sleep = sleep
         self.launch = 0
         self.child: subprocess.Popen[bytes] | None = None
+        self.stopping = False
 
     def incarnation(self) -> str:
         c = self.config
         return f"{c.job_id or 'local'}.{c.restarts}.{self.launch}"
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        # Slurm is stopping this job (scancel, or the requeue we asked for): never requeue it
+        # ourselves afterwards.
+        self.stopping = True
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -200,6 +204,8 @@ class Supervisor:
                 code = self.run_step()
                 if code == 0:
                     return 0
+                if self.stopping:
+                    return EXIT_FOR_REQUEUE
                 directive, delay = self.decide(code)
                 log.warning(
                     "replica %d step exited %d; directive %s", self.config.replica, code, directive
