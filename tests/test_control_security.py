@@ -109,6 +109,9 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
             stale = sign(secret, fatal, now=1_000_000.0)
             big = b"{" + b" " * (MAX_REPORT_BYTES + 10) + b"}"
             unknown = _report(replica=7, kind="fatal", failure="node")
+            other_job = ReplicaReport(
+                replica=1, incarnation="old", seq=1, job_id="55", kind="fatal", failure="node"
+            ).to_json()
             cases = {
                 "unsigned": (fatal, {"Content-Type": "application/json"}),
                 "forged": (fatal, forged),
@@ -121,6 +124,7 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
                 "unknown field": (b'{"replica":1,"seq":1,"incarnation":"i","x":1}', None),
                 "wrong type": (b'{"replica":"1","seq":1,"incarnation":"i"}', None),
                 "unknown replica": (unknown, sign(secret, unknown)),
+                "job of another run": (other_job, sign(secret, other_job)),
             }
             statuses = {}
             for name, (body, headers) in cases.items():
@@ -155,6 +159,7 @@ def test_refusals_change_nothing_and_are_journaled(tmp_path: Path) -> None:
     assert statuses["forged"] == statuses["wrong key"] == statuses["stale"] == 401
     assert statuses["oversized"] == 413
     assert statuses["unknown replica"] == 404
+    assert statuses["job of another run"] == 409
     assert statuses["not json"] == statuses["unknown field"] == statuses["wrong type"] == 400
     assert res["unchanged"]
     assert res["calls_after_refusals"] == []

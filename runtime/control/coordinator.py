@@ -388,6 +388,10 @@ async def post_report(request: web.Request) -> web.Response:
         return _refuse(coord, request, 400, f"malformed report: {exc}")
     if report.replica not in coord.state.replicas:
         return _refuse(coord, request, 404, f"unknown replica {report.replica}")
+    expected = coord.config.job_ids.get(report.replica)
+    if expected is not None and report.job_id is not None and report.job_id != expected:
+        # A leftover process of an earlier run in the same run_dir: it must not steer this one.
+        return _refuse(coord, request, 409, f"job {report.job_id} is not replica's job {expected}")
     if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
         return _refuse(coord, request, 409, "replayed nonce")
     r = coord.state.replicas[report.replica]

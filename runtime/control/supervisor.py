@@ -132,6 +132,8 @@ class Supervisor:
         self.stopping = True
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
+        else:
+            raise SystemExit(EXIT_FOR_REQUEUE)  # waiting between steps: leave now
 
     def run_step(self) -> int:
         c = self.config
