@@ -199,7 +199,12 @@ class CommandBackend:
             if ids and "Invalid job id" in exc.stderr:
                 return []
             raise
-        return parse_squeue_json(out)
+        jobs = parse_squeue_json(out)
+        if ids:
+            # 22.05's `squeue --json` ignores --jobs and lists every job: filter here.
+            wanted = set(ids)
+            jobs = [j for j in jobs if j.job_id in wanted or j.base_id in wanted]
+        return jobs
 
     # -- nodes ----------------------------------------------------------------------------
 

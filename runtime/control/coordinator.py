@@ -305,7 +305,7 @@ class Coordinator:
             ok = b.drain(action.node, action.reason)
             return ("done", "drained") if ok else ("skipped", "drained by someone else")
         if isinstance(action, Requeue):
-            current = [j for j in b.jobs([action.job_id]) if j.het_offset == 0]
+            current = _lead(b, action.job_id)
             if current and current[0].restarts > action.restarts:
                 return ("skipped", f"already requeued (restart count {current[0].restarts})")
             if current and current[0].state.upper() == "PENDING":
@@ -317,7 +317,7 @@ class Coordinator:
             # Slurm is still completing it and then sets its begin time ~120 s ahead).
             waited = 0.0
             while waited < self.config.release_wait_s:
-                current = [j for j in b.jobs([action.job_id]) if j.het_offset == 0]
+                current = _lead(b, action.job_id)
                 if not current or current[0].state.upper() == "PENDING":
                     break
                 time.sleep(0.5)
@@ -341,6 +341,11 @@ class Coordinator:
         data["open_actions"] = len(self.journal.actions(("decided", "started")))
         data["coordinator_started_at"] = self.started_at
         return data
+
+
+def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
+    """The squeue record of a job (its het component 0), as a list of at most one."""
+    return [j for j in backend.jobs([job_id]) if j.base_id == job_id and j.het_offset == 0][:1]
 
 
 # -- HTTP ------------------------------------------------------------------------------------
