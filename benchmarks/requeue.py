@@ -1,0 +1,188 @@
+"""Per-replica requeue on the dev cluster: time from a node fault to the replacement participating.
+
+Runs on a fresh local dev cluster (root, slurm-wlm, munge): 3 replicas x 1 CPU rank of
+`examples/train_tiny.py` + the control job + a spare node. An Xid 79 is injected into replica 1's
+node; the phases come from the coordinator's journal:
+
+- detect: injection -> the leader's fatal report (the watchdog saw the Xid);
+- drain+requeue: report -> Slurm's requeue and release done;
+- allocate+prolog: -> squeue shows the job RUNNING again (on the spare node);
+- start+load: -> the new incarnation's first report;
+- catch-up: -> its step is level with the healthy replicas'.
+
+The healthy replicas' stall is the longest time either of them went without a higher step in
+its reports during the outage, minus its normal reporting interval. The baseline is the
+same fault handled by requeuing every replica's job (all restart), measured the same way.
+Prints the figures and writes benchmarks/results/requeue.json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_control_e2e import COMMAND, SPEC, fthsdp, replicas  # noqa: E402
+
+from prolog_epilog.simulated_hardware import write_node_inputs  # noqa: E402
+from runtime.control.journal import Journal  # noqa: E402
+from slurm import devcluster  # noqa: E402
+from slurm.backend import CommandBackend  # noqa: E402
+
+
+def _reports(run_dir: Path) -> list[tuple[float, dict[str, Any]]]:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        out = []
+        for _, ev in journal.events():
+            if type(ev).__name__ == "ReportReceived":
+                out.append((ev.at, ev.report.__dict__))  # type: ignore[union-attr]
+            elif type(ev).__name__ == "JobObserved":
+                out.append((ev.at, {"observed": ev.__dict__}))
+        return out
+    finally:
+        journal.close()
+
+
+def _attempts(run_dir: Path, kind: str) -> list[float]:
+    import sqlite3
+
+    db = sqlite3.connect(run_dir / "control.sqlite")
+    try:
+        rows = db.execute(
+            "SELECT t.at FROM attempts t JOIN actions a ON a.id = t.action_id"
+            " WHERE a.type = ? AND t.outcome = 'done' ORDER BY t.at",
+            (kind,),
+        ).fetchall()
+    finally:
+        db.close()
+    return [float(r[0]) for r in rows]
+
+
+def _stall(events: list[tuple[float, dict[str, Any]]], k: int, t0: float, t1: float) -> float:
+    """Longest time replica k's reported step did not rise in [t0, t1], minus its usual gap."""
+    pts = [(t, e["step"]) for t, e in events if e.get("replica") == k and e.get("kind") == "status"]
+    rises = [t for (t, s), (_, prev) in zip(pts[1:], pts, strict=False) if s > prev]
+    normal = sorted(b - a for a, b in itertools.pairwise(rises))
+    usual = normal[len(normal) // 2] if normal else 0.0
+    window = [t for t in rises if t0 <= t <= t1] or [t0]
+    gaps = [b - a for a, b in zip([t0, *window], [*window, t1], strict=False)]
+    return max(0.0, max(gaps) - usual)
+
+
+def run_scenario(cfg: devcluster.DevClusterConfig, work: Path, whole_job: bool) -> dict[str, Any]:
+    hw = work / "hw"
+    for node in cfg.node_names:
+        write_node_inputs(hw, node)
+    run_dir = work / "run"
+    spec = work / "spec.toml"
+    command = COMMAND.format(hw=hw, python=sys.executable).replace('"', '\\"')
+    spec.write_text(SPEC.format(run_dir=run_dir, python=sys.executable, command=command))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    backend = CommandBackend()
+    fthsdp(env, "submit", str(spec))
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            reps = replicas(env, run_dir)
+            if all(r["state"] == "training" and (r["step"] or 0) >= 30 for r in reps.values()):
+                break
+            assert time.monotonic() < deadline, reps
+            time.sleep(1)
+        jobs = {k: r["job_id"] for k, r in reps.items()}
+        victim = reps[1]["nodes"][0]
+        t_fault = time.time()
+        if whole_job:
+            # Baseline: the fault takes the whole job down; every replica is requeued.
+            backend.drain(victim, "fthsdp: bench: whole-job baseline")
+            for job in jobs.values():
+                backend.requeue(job)
+            for job in jobs.values():
+                while [j for j in backend.jobs([job]) if j.state != "PENDING"]:
+                    time.sleep(0.2)
+                backend.release(job)
+        else:
+            fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--hardware-root", str(hw))
+        deadline = time.monotonic() + 300
+        while True:
+            reps = replicas(env, run_dir)
+            r1 = reps[1]
+            level = min(reps[0]["step"] or 0, reps[2]["step"] or 0)
+            if r1["restarts"] == 1 and r1["state"] == "training" and r1["step"] >= level - 1:
+                break
+            assert time.monotonic() < deadline, reps
+            time.sleep(0.5)
+        t_caught_up = time.time()
+        events = _reports(run_dir)
+        out: dict[str, Any] = {"whole_job": whole_job, "fault_to_participating_s": 0.0}
+        fatal = [t for t, e in events if e.get("replica") == 1 and e.get("kind") == "fatal"]
+        running = [
+            t
+            for t, e in events
+            if "observed" in e
+            and e["observed"]["replica"] == 1
+            and e["observed"]["restarts"] == 1
+            and e["observed"]["state"] == "RUNNING"
+        ]
+        new_reports = [
+            t
+            for t, e in events
+            if e.get("replica") == 1 and e.get("kind") == "status" and t > t_fault
+            and (running and t >= running[0])
+        ]  # fmt: skip
+        released = [t for t in _attempts(run_dir, "Release") if t > t_fault]
+        t_detect = fatal[0] if fatal else t_fault
+        t_release = released[0] if released else t_detect
+        t_running = running[0] if running else t_release
+        t_first = new_reports[0] if new_reports else t_running
+        out.update(
+            detect_s=round(t_detect - t_fault, 2),
+            drain_requeue_s=round(t_release - t_detect, 2),
+            allocate_prolog_s=round(t_running - t_release, 2),
+            start_load_s=round(t_first - t_running, 2),
+            catch_up_s=round(t_caught_up - t_first, 2),
+            fault_to_participating_s=round(t_caught_up - t_fault, 2),
+            healthy_stall_s=round(max(_stall(events, k, t_fault, t_caught_up) for k in (0, 2)), 2),
+        )
+        return out
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+
+def main() -> None:
+    results: dict[str, Any] = {}
+    for name, whole in (("per_replica", False), ("whole_job_baseline", True)):
+        with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
+            work = Path(tmp)
+            base = devcluster.free_port_block(6, start=24000 + (os.getpid() % 100) * 10)
+            cfg = devcluster.DevClusterConfig(
+                directory=work / "cluster", ctld_port=base, slurmd_base_port=base + 1
+            )
+            with devcluster.running_cluster(cfg) as running:
+                os.environ["SLURM_CONF"] = str(running.conf_path)
+                results[name] = run_scenario(running, work, whole)
+        print(name, json.dumps(results[name]))
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requeue.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

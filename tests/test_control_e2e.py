@@ -1,0 +1,222 @@
+"""End to end on the dev cluster: only the failed replica is requeued; the others never stop.
+
+3 replicas (one node each, 8 GRES GPUs, one CPU rank running `examples/train_tiny.py`) + the
+control job + one spare node. An Xid 79 injected into replica 1's node is seen by that replica's
+watchdog; the coordinator drains the node with an `fthsdp:` reason and requeues replica 1's job
+exactly once; the job restarts on the spare node and rejoins, while replicas 0 and 2 keep their
+job ids and restart count 0 and their committed step rises throughout. A second fault, `kill`
+(processes die, no hardware sign), shows tier 1: relaunch in place, no requeue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prolog_epilog.simulated_hardware import write_node_inputs
+from runtime.control.journal import Journal
+from runtime.control.policy import Requeue
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = """
+[job]
+name = "e2e"
+run_dir = "{run_dir}"
+time = "00:20:00"
+partition = "gpu"
+
+[replicas]
+count = 3
+nodes = 1
+gpus_per_node = 8
+tasks_per_node = 1
+cpus_per_task = 1
+mem = "2G"
+
+[control]
+cpus = 1
+mem = "1G"
+python = "{python}"
+
+[train]
+command = "{command}"
+steps = 5000
+min_replicas = 2
+heartbeat_timeout_s = 2
+allreduce_timeout_s = 5
+quorum_timeout_s = 10
+join_timeout_s = 30
+
+[health]
+checks = ["xid", "ecc"]
+"""
+
+# Dev nodes all live on this host: the rendezvous is loopback (one rank per replica), and each
+# rank's watchdog reads its own node's simulated hardware.
+COMMAND = (
+    "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
+    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$((21000 + SLURM_JOB_ID % 5000)) "
+    "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
+    "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
+    "exec {python} examples/train_tiny.py"
+)
+
+
+def fthsdp(env: dict[str, str], *args: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, f"fthsdp {args}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
+    data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
+    return {r["replica"]: r for r in data["replicas"]}
+
+
+def wait_until(
+    env: dict[str, str],
+    run_dir: Path,
+    pred: Callable[[dict[int, dict[str, Any]]], bool],
+    timeout: float,
+    what: str,
+    trace: list[tuple[float, dict[int, dict[str, Any]]]],
+) -> dict[int, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reps = replicas(env, run_dir)
+        trace.append((time.time(), reps))
+        if pred(reps):
+            return reps
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_only_the_failed_replica_is_requeued(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    hw = tmp_path / "hw"
+    for node in slurm_cluster.node_names:
+        write_node_inputs(hw, node)
+    run_dir = tmp_path / "run"
+    python = sys.executable
+    spec = tmp_path / "spec.toml"
+    command = COMMAND.format(hw=hw, python=python).replace('"', '\\"')
+    spec.write_text(SPEC.format(run_dir=run_dir, python=python, command=command))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    backend = CommandBackend()
+    trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
+    drained: str | None = None
+    try:
+        fthsdp(env, "submit", str(spec))
+        before = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
+            240,
+            "all replicas training",
+            trace,
+        )
+        jobs = {k: r["job_id"] for k, r in before.items()}
+        victim = before[1]["nodes"][0]
+        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--hardware-root", str(hw))
+        drained = victim
+        t_fault = time.time()
+        after = wait_until(
+            env,
+            run_dir,
+            lambda r: (
+                r[1]["restarts"] == 1
+                and r[1]["state"] == "training"
+                and (r[1]["step"] or 0) >= min(r[0]["step"], r[2]["step"]) - 3
+            ),
+            300,
+            "replica 1 requeued and caught up",
+            trace,
+        )
+        t_rejoined = time.time()
+        # Replica 1 moved off the bad node; the others never restarted.
+        assert after[1]["nodes"][0] != victim
+        for k in (0, 2):
+            assert after[k]["job_id"] == jobs[k]
+            assert after[k]["restarts"] == 0
+            assert after[k]["relaunches"] == 0
+        # ... and their step rose throughout the outage.
+        during = [reps for t, reps in trace if t_fault <= t <= t_rejoined]
+        for k in (0, 2):
+            steps = [reps[k]["step"] for reps in during]
+            assert steps == sorted(steps) and steps[-1] > steps[0] + 10, steps
+        (info,) = backend.nodes([victim])
+        assert info.drained_by_us and info.reason.startswith("fthsdp: xid:"), info
+        journal = Journal.in_run_dir(run_dir)
+        try:
+            requeues = [
+                (s.action.job_id, s.status)
+                for s in journal.actions()
+                if isinstance(s.action, Requeue)
+            ]
+        finally:
+            journal.close()
+        assert requeues == [(jobs[1], "done")]
+
+        # Tier 1: the replica's processes die with no hardware sign -> relaunch in place.
+        new_node = after[1]["nodes"][0]
+        fthsdp(env, "cluster", "inject", new_node, "--fault", "kill")
+        final = wait_until(
+            env,
+            run_dir,
+            lambda r: (
+                r[1]["relaunches"] == 1
+                and r[1]["state"] == "training"
+                and (r[1]["step"] or 0) >= min(r[0]["step"], r[2]["step"]) - 3
+            ),
+            120,
+            "replica 1 relaunched in place",
+            trace,
+        )
+        assert final[1]["job_id"] == jobs[1] and final[1]["restarts"] == 1
+        assert final[1]["nodes"] == after[1]["nodes"]
+        assert final[0]["restarts"] == final[2]["restarts"] == 0
+        journal = Journal.in_run_dir(run_dir)
+        try:
+            assert len([s for s in journal.actions() if isinstance(s.action, Requeue)]) == 1
+        finally:
+            journal.close()
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if drained:
+            write_node_inputs(hw, drained)
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={drained}", "State=RESUME"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
