@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_control_e2e import COMMAND, SPEC, fthsdp, replicas  # noqa: E402
+from test_control_e2e import COMMAND, SPEC, cancel, fthsdp, replicas  # noqa: E402
 
 from prolog_epilog.simulated_hardware import write_node_inputs  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
@@ -114,11 +113,17 @@ def run_scenario(cfg: devcluster.DevClusterConfig, work: Path, whole_job: bool) 
         else:
             fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--hardware-root", str(hw))
         deadline = time.monotonic() + 300
+        must_restart = {0, 1, 2} if whole_job else {1}
+        went_down: set[int] = set()
         while True:
             reps = replicas(env, run_dir)
-            r1 = reps[1]
+            went_down |= {k for k in must_restart if reps[k]["state"] != "training"}
             level = min(reps[0]["step"] or 0, reps[2]["step"] or 0)
-            if r1["restarts"] == 1 and r1["state"] == "training" and r1["step"] >= level - 1:
+            if (
+                went_down == must_restart
+                and all(reps[k]["state"] == "training" for k in must_restart)
+                and reps[1]["step"] >= level - 1
+            ):
                 break
             assert time.monotonic() < deadline, reps
             time.sleep(0.5)
@@ -156,14 +161,7 @@ def run_scenario(cfg: devcluster.DevClusterConfig, work: Path, whole_job: bool) 
         )
         return out
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        cancel(env, run_dir)
 
 
 def main() -> None:

@@ -62,11 +62,13 @@ join_timeout_s = 30
 checks = ["xid", "ecc"]
 """
 
-# Dev nodes all live on this host: the rendezvous is loopback (one rank per replica), and each
+# Dev nodes all live on this host: the rendezvous is loopback on a free port (one rank per
+# replica, so no other rank needs to know it; fixed ports collide on a shared host), and each
 # rank's watchdog reads its own node's simulated hardware.
 COMMAND = (
     "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
-    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$((21000 + SLURM_JOB_ID % 5000)) "
+    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$({python} -c 'import socket; s=socket.socket(); "
+    's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\') '
     "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
     "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
     "exec {python} examples/train_tiny.py"
@@ -85,6 +87,18 @@ def fthsdp(env: dict[str, str], *args: str) -> str:
     )
     assert r.returncode == 0, f"fthsdp {args}: {r.stderr[-2000:]}"
     return r.stdout
+
+
+def cancel(env: dict[str, str], run_dir: Path) -> None:
+    """Cancel the run's jobs (best effort: used in clean-up)."""
+    subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -166,7 +180,10 @@ def test_only_the_failed_replica_is_requeued(
         during = [reps for t, reps in trace if t_fault <= t <= t_rejoined]
         for k in (0, 2):
             steps = [reps[k]["step"] for reps in during]
-            assert steps == sorted(steps) and steps[-1] > steps[0] + 10, steps
+            assert steps == sorted(steps) and steps[-1] > steps[0], steps
+            # Never three samples (~6 s) in a row without progress.
+            triples = zip(steps, steps[1:], steps[2:], strict=False)
+            assert all(len({a, b, c}) > 1 for a, b, c in triples), steps
         (info,) = backend.nodes([victim])
         assert info.drained_by_us and info.reason.startswith("fthsdp: xid:"), info
         journal = Journal.in_run_dir(run_dir)
@@ -204,14 +221,7 @@ def test_only_the_failed_replica_is_requeued(
         finally:
             journal.close()
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        cancel(env, run_dir)
         if drained:
             write_node_inputs(hw, drained)
             subprocess.run(
