@@ -55,8 +55,9 @@ def _fmt_ettr(summary: dict[str, Any]) -> str:
 def _table(records: list[dict[str, Any]]) -> Table:
     params = records[0]["params"]
     mtbf = params["job_mtbf_s"]
+    rate = f"failure every {_fmt_s(mtbf)}" if mtbf else "no failures"
     title = (
-        f"{params['gpus']:,} GPUs · failure every {_fmt_s(mtbf)} · "
+        f"{params['gpus']:,} GPUs · {rate} · "
         f"{params['days']:g} days × {params['runs']} runs (seed {params['seed']})"
     )
     table = Table(title=title)
