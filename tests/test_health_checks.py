@@ -294,7 +294,7 @@ def test_job_comment_checks():
 def test_config_errors_name_the_key(tmp_path):
     bad = tmp_path / "c.toml"
     bad.write_text("[general]\ntotal_budjet_s = 3\n")
-    with pytest.raises(InputError, match="general.total_budjet_s"):
+    with pytest.raises(InputError, match=r"general\.total_budjet_s"):
         load_config(bad)
     bad.write_text("[checks.ecc]\nvolatile_uncorrectable_max = 'zero'\n")
     with pytest.raises(InputError, match="must be an integer"):
