@@ -1,0 +1,208 @@
+"""What a verdict does to the node: drain, resume, or nothing; and the epilog's clean-up.
+
+`decide` is the pure policy (tested by tables): drain a node that fails unless an administrator
+drained it for another reason; in HealthCheckProgram mode resume a node only when it is drained
+with our `fthsdp:` prefix and has passed `resume_after_passes` runs in a row. `apply` carries the
+decision out through `slurm.backend.CommandBackend`, whose own `drain`/`resume` re-check
+ownership of the reason, so a race with an administrator cannot overwrite their reason.
+
+The epilog clean-up kills what the finished job's user left running on that job's GPUs and, when
+the user has nothing else running on the node, removes their files from /dev/shm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prolog_epilog.gpu_source import GpuSource
+from prolog_epilog.records import GpuProcess, normalize_bus
+from prolog_epilog.runner import SuiteResult
+from slurm.backend import DRAIN_PREFIX, CommandBackend, NodeInfo, SlurmCommandError
+
+log = logging.getLogger("fthsdp.health")
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # drain | resume | none
+    why: str
+    reason: str | None = None
+
+
+def decide(
+    mode: str,
+    suite: SuiteResult,
+    node: NodeInfo | None,
+    passes: int,
+    resume_after: int,
+    drain_enabled: bool = True,
+) -> Decision:
+    """The node action for one run. `passes` counts consecutive healthy runs including this one."""
+    drained = node is not None and node.drained
+    ours = node is not None and node.drained_by_us
+    if not suite.healthy:
+        if not drain_enabled:
+            return Decision("none", "unhealthy; draining disabled")
+        if drained and not ours:
+            return Decision("none", f"unhealthy; admin drain kept ({node.reason if node else ''})")
+        if ours and node is not None and node.reason == suite.drain_reason:
+            return Decision("none", "unhealthy; already drained with this reason")
+        return Decision("drain", "unhealthy", suite.drain_reason)
+    if mode != "healthcheck":
+        return Decision("none", "healthy")
+    if not drained:
+        return Decision("none", "healthy")
+    if not ours:
+        return Decision("none", "healthy; admin drain left alone")
+    if passes < resume_after:
+        return Decision("none", f"healthy {passes}/{resume_after} before resume")
+    return Decision("resume", f"healthy {passes} time(s) in a row")
+
+
+def apply(decision: Decision, node: str, backend: CommandBackend) -> bool:
+    """Carry out a decision; returns True if Slurm was changed. Never raises for Slurm errors."""
+    try:
+        if decision.action == "drain" and decision.reason:
+            done = backend.drain(node, decision.reason)
+            log.warning(
+                "drain %s: %s (%s)", node, decision.reason, "done" if done else "kept admin drain"
+            )
+            return done
+        if decision.action == "resume":
+            done = backend.resume(node)
+            log.warning("resume %s: %s (%s)", node, decision.why, "done" if done else "not ours")
+            return done
+    except SlurmCommandError as exc:
+        log.error("slurm action %s on %s failed: %s", decision.action, node, exc)
+    return False
+
+
+def job_requested_checks(comment: str) -> list[str]:
+    """Checks named in a job comment `fthsdp-health:a,b` (other comment text is ignored)."""
+    m = re.search(r"fthsdp-health:([\w,\-]+)", comment or "")
+    return [c for c in m.group(1).split(",") if c] if m else []
+
+
+def job_comment(job_id: str, backend: CommandBackend) -> str:
+    try:
+        jobs = backend.jobs([job_id])
+    except (SlurmCommandError, ValueError) as exc:
+        log.warning("could not read job %s comment: %s", job_id, exc)
+        return ""
+    return jobs[0].comment if jobs else ""
+
+
+# -- epilog clean-up ----------------------------------------------------------------------
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def stray_processes(
+    procs: list[GpuProcess],
+    bus_to_index: dict[tuple[int, int, int] | None, int],
+    uid: int,
+    job_gpus: set[int] | None,
+) -> list[int]:
+    """PIDs on the job's GPUs (all GPUs if unknown) owned by the job's user."""
+    out = []
+    for p in procs:
+        if _owner(p.pid) != uid:
+            continue
+        idx = bus_to_index.get(normalize_bus(p.bus_id))
+        if job_gpus is not None and idx is not None and idx not in job_gpus:
+            continue
+        out.append(p.pid)
+    return out
+
+
+def kill_pids(pids: list[int], grace: float) -> list[int]:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_owner(p) is not None for p in pids):
+        time.sleep(0.1)
+    killed = []
+    for pid in pids:
+        if _owner(pid) is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def user_has_processes(uid: int, proc: Path = Path("/proc")) -> bool:
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    return True
+    return False
+
+
+def clean_shm(uid: int, shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the user's entries from /dev/shm; returns their names. Never for root."""
+    if uid == 0:
+        return []
+    removed = []
+    for entry in shm.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.lstat().st_uid != uid:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+def job_gpu_indices(env: dict[str, str]) -> set[int] | None:
+    text = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    idx = {int(x) for x in text.split(",") if x.strip().isdigit()}
+    return idx or None
+
+
+def epilog_cleanup(
+    source: GpuSource, env: dict[str, str], grace: float, kill: bool, shm: bool, timeout: float
+) -> dict[str, object]:
+    """Kill the finished job's strays on its GPUs; clear its user's /dev/shm if nothing is left."""
+    report: dict[str, object] = {}
+    uid_text = env.get("SLURM_JOB_UID", "")
+    if not uid_text.isdigit():
+        return {"skipped": "SLURM_JOB_UID not set"}
+    uid = int(uid_text)
+    if kill:
+        try:
+            gpus = source.gpus(timeout)
+            procs = source.processes(timeout)
+            pids = stray_processes(
+                procs, {normalize_bus(g.bus_id): g.index for g in gpus}, uid, job_gpu_indices(env)
+            )
+            report["signalled"] = pids
+            report["killed"] = kill_pids(pids, grace) if pids else []
+        except Exception as exc:  # clean-up is best effort; the checks still run
+            report["kill_error"] = str(exc)[:200]
+    if shm and uid != 0:
+        if user_has_processes(uid):
+            report["shm"] = "kept: user still has processes on the node"
+        else:
+            with contextlib.suppress(OSError):
+                report["shm_removed"] = clean_shm(uid)
+    return report
+
+
+__all__ = ["DRAIN_PREFIX", "Decision", "apply", "decide", "epilog_cleanup", "job_requested_checks"]

@@ -1,0 +1,252 @@
+"""Slurm's entry points: Prolog, Epilog and HealthCheckProgram (and `python -m` for wrappers).
+
+slurm.conf names programs, not Python functions, so each mode is a console script
+(`fthsdp-prolog`, `fthsdp-epilog`, `fthsdp-healthcheck`) and `python -m prolog_epilog.entrypoints
+<mode> --config FILE` does the same for a wrapper script with absolute paths (slurmd runs these
+as root with its own environment, which lacks any virtualenv).
+
+What each mode does:
+- prolog: run the suite (plus checks the job asks for in its comment `fthsdp-health:a,b`); on
+  failure drain the node with an `fthsdp:` reason, then exit 1 so Slurm requeues the job.
+- epilog: kill the finished job's stray GPU processes, clear its user's /dev/shm, re-check
+  (default gpu-count, ecc, xid) so a job that broke a GPU drains the node.
+- healthcheck: run the suite; drain on failure; resume a node we drained once it passes.
+
+Nothing here lets a traceback reach slurmd. A broken config or an internal crash is logged and
+the run "fails open" (exit 0): a typo in one config file must not drain a whole cluster. A hard
+deadline timer ends the process even if something unforeseen blocks. Every run appends one JSON
+line to `json_log` for tooling and logs to `log_file` and stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MODES = ("prolog", "epilog", "healthcheck", "check")
+log = logging.getLogger("fthsdp.health")
+
+
+def setup_logging(log_file: str | None, mode: str) -> None:
+    log.setLevel(logging.INFO)
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+    fmt = f"fthsdp-{mode}[%(process)d]: %(levelname)s %(message)s"
+    err = logging.StreamHandler(sys.stderr)
+    err.setFormatter(logging.Formatter(fmt))
+    log.addHandler(err)
+    if log_file:
+        try:
+            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+            fh = logging.FileHandler(log_file)
+        except OSError as exc:
+            log.warning("log file %s unusable: %s", log_file, exc)
+        else:
+            fh.setFormatter(logging.Formatter("%(asctime)s " + fmt))
+            log.addHandler(fh)
+    log.propagate = False
+
+
+def write_json_line(path: str | None, record: dict[str, Any]) -> None:
+    line = json.dumps(record, sort_keys=True)
+    log.info("result %s", line)
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            log.warning("json log %s unusable: %s", path, exc)
+
+
+def _parser(mode: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"fthsdp-{mode}", description=f"fthsdp {mode} health checks")
+    p.add_argument("--config", default=os.environ.get("FTHSDP_HEALTH_CONFIG"), help="TOML config")
+    p.add_argument("--node", default=None, help="Slurm node name (default $SLURMD_NODENAME)")
+    p.add_argument("--only", default=None, help="comma list of checks instead of the suite")
+    p.add_argument("--gpu-source", default="auto", choices=["auto", "nvml", "nvidia-smi"])
+    p.add_argument("--no-drain", action="store_true", help="report only; change nothing in Slurm")
+    return p
+
+
+def run_mode(
+    mode: str,
+    config_path: str | None = None,
+    *,
+    node: str | None = None,
+    only: Sequence[str] | None = None,
+    gpu_source: str = "auto",
+    drain: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """One prolog/epilog/healthcheck run; returns (exit code, the JSON record). Never raises."""
+    from prolog_epilog.config import load_config
+
+    env = dict(os.environ if env is None else env)
+    start = time.time()
+    record: dict[str, Any] = {"mode": mode, "time": start, "job_id": env.get("SLURM_JOB_ID")}
+    try:
+        cfg = load_config(config_path, node=node or env.get("SLURMD_NODENAME") or None)
+    except Exception as exc:
+        setup_logging(None, mode)
+        log.error("config unusable, failing open: %s", exc)
+        record.update(healthy=None, error=f"config: {exc}", exit=0)
+        write_json_line(None, record)
+        return 0, record
+    setup_logging(cfg.path("log_file"), mode)
+    record["node"] = cfg.node
+    budget = float(cfg.general["total_budget_s"])
+    slurm_timeout = float(cfg.actions["slurm_timeout_s"])
+    hard = budget + 4 * slurm_timeout + 15.0
+    fail_code = 1 if cfg.general["on_error"] == "fail" else 0
+
+    def hard_exit() -> None:  # pragma: no cover - only when something blocks unexpectedly
+        log.error("hard deadline %.0fs reached; exiting %d", hard, fail_code)
+        from prolog_epilog.tools import kill_tools
+
+        kill_tools()
+        os._exit(fail_code)
+
+    timer = threading.Timer(hard, hard_exit)
+    timer.daemon = True
+    timer.start()
+    try:
+        code = _run(mode, cfg, only, gpu_source, drain, env, record)
+    except Exception as exc:
+        log.exception("internal error, failing open")
+        record.update(error=f"internal: {type(exc).__name__}: {exc}"[:300])
+        code = 0
+    finally:
+        timer.cancel()
+        from prolog_epilog.tools import kill_tools
+
+        kill_tools()
+    record["exit"] = code
+    record["elapsed_s"] = round(time.time() - start, 4)
+    write_json_line(cfg.path("json_log"), record)
+    return code, record
+
+
+def _run(
+    mode: str,
+    cfg: Any,
+    only: Sequence[str] | None,
+    gpu_source: str,
+    drain: bool,
+    env: dict[str, str],
+    record: dict[str, Any],
+) -> int:
+    from prolog_epilog import actions
+    from prolog_epilog.config import CHECK_NAMES
+    from prolog_epilog.gpu_source import make_source
+    from prolog_epilog.runner import run_checks
+    from prolog_epilog.state import StateStore
+    from slurm.backend import CommandBackend
+
+    backend = CommandBackend(timeout=float(cfg.actions["slurm_timeout_s"]), retries=2, backoff=0.5)
+    kind = gpu_source if gpu_source != "auto" else cfg.general["gpu_source"]
+    source = make_source(kind, cfg.path("nvidia_smi"))
+    names = (
+        list(only) if only else (cfg.epilog["checks"] if mode == "epilog" else cfg.default_checks)
+    )
+    extra: list[str] = []
+    if env.get("FTHSDP_HEALTH_CHECKS"):
+        extra += [c.strip() for c in env["FTHSDP_HEALTH_CHECKS"].split(",")]
+    if (
+        mode == "prolog"
+        and cfg.actions["job_comment_checks"]
+        and env.get("SLURM_JOB_ID")
+        and not only
+    ):
+        extra += actions.job_requested_checks(actions.job_comment(env["SLURM_JOB_ID"], backend))
+    for wanted in extra:
+        if wanted in CHECK_NAMES and wanted not in names:
+            names.append(wanted)
+        elif wanted and wanted not in CHECK_NAMES:
+            log.warning("ignoring unknown requested check %r", wanted)
+    if mode == "epilog":
+        ep = cfg.epilog
+        record["cleanup"] = actions.epilog_cleanup(
+            source,
+            env,
+            float(ep["kill_grace_s"]),
+            bool(ep["kill_stray_gpu_processes"]),
+            bool(ep["clean_dev_shm"]),
+            min(5.0, float(cfg.general["timeout_s"])),
+        )
+    suite = run_checks(names, cfg, mode=mode, source=source)
+    record.update(suite.to_dict())
+    for c in suite.checks:
+        level = logging.INFO if c.status in ("pass", "skip") else logging.WARNING
+        log.log(level, "%s %s: %s", c.name, c.status, c.detail)
+    state = StateStore(cfg.path("state_dir"))
+    passes = int(state.get("passes", 0)) + 1 if suite.healthy else 0
+    state.put("passes", passes)
+    drain_enabled = drain and bool(cfg.actions["drain"]) and mode != "check"
+    node_info = None
+    needs_node = (not suite.healthy and drain_enabled) or (suite.healthy and mode == "healthcheck")
+    if needs_node:
+        with contextlib.suppress(Exception):
+            found = backend.nodes([cfg.node])
+            node_info = found[0] if found else None
+    decision = actions.decide(
+        mode, suite, node_info, passes, int(cfg.actions["resume_after_passes"]), drain_enabled
+    )
+    record["action"] = {"action": decision.action, "why": decision.why}
+    if decision.action != "none":
+        record["action"]["done"] = actions.apply(decision, cfg.node, backend)
+    return 0 if suite.healthy else 1
+
+
+def _main(mode: str, argv: Sequence[str] | None) -> int:
+    args = _parser(mode).parse_args(list(sys.argv[1:] if argv is None else argv))
+    only = [c for c in args.only.split(",") if c] if args.only else None
+    code, _ = run_mode(
+        mode,
+        args.config,
+        node=args.node,
+        only=only,
+        gpu_source=args.gpu_source,
+        drain=not args.no_drain,
+    )
+    return code
+
+
+def prolog_main(argv: Sequence[str] | None = None) -> int:
+    """`fthsdp-prolog`: Slurm Prolog (PrologFlags=Alloc)."""
+    return _main("prolog", argv)
+
+
+def epilog_main(argv: Sequence[str] | None = None) -> int:
+    """`fthsdp-epilog`: Slurm Epilog."""
+    return _main("epilog", argv)
+
+
+def healthcheck_main(argv: Sequence[str] | None = None) -> int:
+    """`fthsdp-healthcheck`: Slurm HealthCheckProgram."""
+    return _main("healthcheck", argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m prolog_epilog.entrypoints MODE [options]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in ("prolog", "epilog", "healthcheck"):
+        sys.stderr.write(
+            "usage: python -m prolog_epilog.entrypoints prolog|epilog|healthcheck [--config FILE]\n"
+        )
+        return 2
+    return _main(args[0], args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
