@@ -427,9 +427,19 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (written to run_dir/spec.json at submit)."""
-        data = dataclasses.asdict(self)
-        data["job"]["env"] = dict(self.job.env)
+        data: dict[str, Any] = _plain(self)
         return data
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, mappings and tuples as JSON-able dicts and lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
