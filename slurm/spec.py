@@ -68,7 +68,6 @@ MAIL_TYPES = frozenset(
 )
 GRES_FLAGS = frozenset({"enforce-binding", "disable-binding"})
 #: Health check names (the prolog in prolog_epilog/ owns the list and rejects unknown ones).
-CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
 MAX_REPLICAS = 100_000
 
@@ -374,18 +373,20 @@ class HealthSection:
     checks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from prolog_epilog.config import CHECK_NAMES
+
         for c in self.checks:
-            if not CHECK_NAME.match(c):
-                raise InputError(
-                    "health.checks", c, "check names like 'ecc', 'gpu_count' ([a-z][a-z0-9_]*)"
-                )
+            if c not in CHECK_NAMES:
+                close = difflib.get_close_matches(c, CHECK_NAMES, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InputError("health.checks", c, f"allowed: {', '.join(CHECK_NAMES)}{hint}")
         if len(set(self.checks)) != len(self.checks):
             raise InputError("health.checks", list(self.checks), "each check at most once")
 
     @property
-    def comment(self) -> str:
-        """The job comment the prolog reads: `fthsdp:health=ecc,xid` (or `fthsdp:health=`)."""
-        return "fthsdp:health=" + ",".join(self.checks)
+    def comment(self) -> str | None:
+        """The job comment the prolog reads (`fthsdp-health:ecc,xid`); None when none asked."""
+        return "fthsdp-health:" + ",".join(self.checks) if self.checks else None
 
 
 @dataclass(frozen=True)

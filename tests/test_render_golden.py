@@ -55,7 +55,7 @@ def test_replica_job_lines() -> None:
         "#SBATCH --gres=gpu:h100:8",
         "#SBATCH --switches=1@00:10:00",
         "#SBATCH --exclusive",
-        "#SBATCH --comment=fthsdp:health=gpu_count,ecc,xid",
+        "#SBATCH --comment=fthsdp-health:gpu-count,ecc,xid",
         "export FTHSDP_REPLICA_ID=3",
         "export FTHSDP_CONTROL_FILE=/shared/runs/llama-ft/control.json",
         "export HF_HOME='/shared/hf cache'",
