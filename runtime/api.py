@@ -358,7 +358,14 @@ class FTHSDP:
             self._event("joined", step=self.manager.current_step())
 
     def _sync_step(self, reason: str) -> bool:
-        """A data-free step: apply a pending heal, vote, step nothing. True if committed."""
+        """A data-free step: apply a pending heal, vote, step nothing. True if committed.
+
+        A one-element allreduce across the quorum comes first: it cannot complete before every
+        healing peer has fetched its checkpoint, so no sender closes its checkpoint server (which
+        `should_commit` does) while a peer is still reading it. A training step gets the same
+        ordering from its gradient allreduce.
+        """
+        self.manager.allreduce(torch.zeros(1, device=self.device)).wait()
         ok = self.manager.should_commit()
         self._event("sync", reason=reason, committed=ok, step=self.manager.current_step())
         return ok

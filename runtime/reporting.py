@@ -55,6 +55,8 @@ PROCESS_FAULT_MARKERS = (
     "peer",
     "quorum",
     "commit vote",
+    "transport error",
+    "checkpoint",
 )
 
 
