@@ -63,6 +63,9 @@ class LaunchConfig:
     lighthouse_join_timeout_s: float | None = None
     #: Keep this many seconds of warm-up before the first chaos kill.
     chaos_warmup_s: float = 3.0
+    #: No chaos kill once a replica passed this fraction of the steps, so that restarted
+    #: replicas can rejoin before the end and the final weights of all of them can be compared.
+    chaos_stop_fraction: float = 0.7
 
 
 @dataclass
@@ -321,7 +324,11 @@ class LocalLauncher:
                 self._next_chaos = now + cfg.chaos_warmup_s + self.rng.expovariate(
                     1 / cfg.chaos_mtbf_s
                 )
-            elif now >= self._next_chaos and not self._any_done:
+            elif (
+                now >= self._next_chaos
+                and not self._any_done
+                and max(r.step for r in self.replicas) < cfg.chaos_stop_fraction * cfg.steps
+            ):
                 candidates = [
                     r for r in self.replicas if r.state == "training" and self._healthy_others(r)
                 ]
