@@ -43,7 +43,9 @@ def _batch(dataset: Any, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.utils.data import default_collate
 
     n = len(dataset)
-    out: tuple[torch.Tensor, torch.Tensor] = default_collate([dataset[i % n] for i in range(lo, hi)])
+    out: tuple[torch.Tensor, torch.Tensor] = default_collate(
+        [dataset[i % n] for i in range(lo, hi)]
+    )
     return out
 
 
@@ -58,6 +60,34 @@ def _write(run_dir: Path, replica: int, rank: int, model: nn.Module, times: list
     }
     torch.save({"params": shards}, run_dir / "final" / f"r{replica}_rank{rank}.pt")
     (run_dir / "times" / f"r{replica}_rank{rank}.json").write_text(json.dumps(times))
+
+
+def _save(run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = run_dir / "checkpoints" / f"step_{step:08d}"
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (path / "COMPLETE").write_text(str(step))
+
+
+def _restore(run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from runtime.checkpoint import latest_complete
+
+    path = latest_complete(run_dir / "checkpoints")
+    if path is None:
+        return 0
+    msd, osd = get_state_dict(model, opt)
+    state: dict[str, Any] = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(path.name.split("_")[1])
 
 
 def plain_worker() -> None:
@@ -82,14 +112,28 @@ def plain_worker() -> None:
     data = ex["SyntheticRegression"]()
     rb = BATCH * shard
     times = []
-    for t in range(steps):
+    every = int(os.environ.get("FTHSDP_CHECKPOINT_EVERY_STEPS", "0"))
+    sleep_s = float(os.environ.get("TINY_STEP_SLEEP_S", "0"))
+    first = _restore(run_dir, model, opt) if every else 0
+    progress = None
+    if rank == 0:
+        (run_dir / "progress").mkdir(parents=True, exist_ok=True)
+        progress = open(run_dir / "progress" / "plain.jsonl", "a", buffering=1)  # noqa: SIM115
+        progress.write(json.dumps({"t": time.time(), "event": "joined", "step": first}) + "\n")
+    for t in range(first, steps):
         start = time.perf_counter()
         lo = t * replicas * rb + replica * rb + w * BATCH
         x, y = _batch(data, lo, lo + BATCH)
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
+        if sleep_s:
+            time.sleep(sleep_s)
         opt.step()
         times.append(time.perf_counter() - start)
+        if every and (t + 1) % every == 0:
+            _save(run_dir, t + 1, model, opt)
+        if progress is not None:
+            progress.write(json.dumps({"t": time.time(), "event": "commit", "step": t}) + "\n")
     _write(run_dir, replica, w, model, times)
     dist.destroy_process_group()
 
@@ -141,6 +185,60 @@ def ddp_worker() -> None:
     manager.shutdown(wait=False)
 
 
+def start(
+    mode: str,
+    run_dir: Path,
+    replicas: int,
+    ranks: int,
+    steps: int,
+    lighthouse: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    tag: str = "",
+) -> list[subprocess.Popen[bytes]]:
+    """Start every rank of a baseline run; the caller waits for (or kills) them."""
+    from runtime.local_launcher import free_port
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = {
+        **os.environ,
+        "FTHSDP_RUN_DIR": str(run_dir),
+        "FTHSDP_NUM_REPLICAS": str(replicas),
+        "FTHSDP_STEPS": str(steps),
+        "OMP_NUM_THREADS": "1",
+        "RUST_LOG": "warn",
+        **(extra_env or {}),
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+    port = free_port()
+    for r in range(replicas):
+        if mode == "ddp":
+            port = free_port()
+        for w in range(ranks):
+            env = dict(base)
+            if mode == "plain":
+                env.update(RANK=str(r * ranks + w), WORLD_SIZE=str(replicas * ranks))
+            else:
+                env.update(
+                    RANK=str(w),
+                    WORLD_SIZE=str(ranks),
+                    FTHSDP_REPLICA_ID=str(r),
+                    FTHSDP_LIGHTHOUSE=lighthouse or "",
+                )
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(w))
+            log = open(run_dir / f"{mode}_r{r}_w{w}{tag}.log", "wb")  # noqa: SIM115
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "runtime.baselines", mode],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            log.close()
+    return procs
+
+
 def spawn(
     mode: str,
     run_dir: Path,
@@ -149,38 +247,18 @@ def spawn(
     steps: int,
     lighthouse: str | None = None,
     timeout_s: float = 300.0,
+    extra_env: dict[str, str] | None = None,
 ) -> list[float]:
     """Run a whole baseline (all ranks) and return every rank's step times."""
-    from runtime.local_launcher import free_port
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    procs = []
-    base = {**os.environ, "FTHSDP_RUN_DIR": str(run_dir), "FTHSDP_NUM_REPLICAS": str(replicas),
-            "FTHSDP_STEPS": str(steps), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
-    port = free_port()
+    procs = start(mode, run_dir, replicas, ranks, steps, lighthouse, extra_env)
     try:
-        for r in range(replicas):
-            if mode == "ddp":
-                port = free_port()
-            for w in range(ranks):
-                env = dict(base)
-                if mode == "plain":
-                    env.update(RANK=str(r * ranks + w), WORLD_SIZE=str(replicas * ranks))
-                else:
-                    env.update(RANK=str(w), WORLD_SIZE=str(ranks), FTHSDP_REPLICA_ID=str(r),
-                               FTHSDP_LIGHTHOUSE=lighthouse or "")
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(w))
-                log = open(run_dir / f"{mode}_r{r}_w{w}.log", "wb")  # noqa: SIM115
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "runtime.baselines", mode],
-                    env=env, stdout=log, stderr=subprocess.STDOUT,
-                ))
-                log.close()
         deadline = time.monotonic() + timeout_s
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if p.returncode != 0:
-                raise RuntimeError(f"{mode} baseline rank failed with {p.returncode}; see {run_dir}")
+                raise RuntimeError(
+                    f"{mode} baseline rank failed with {p.returncode}; see {run_dir}"
+                )
     finally:
         for p in procs:
             if p.poll() is None:

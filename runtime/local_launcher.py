@@ -20,6 +20,7 @@ verdict, and the effective training time ratio (ETTR).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -308,21 +309,17 @@ class LocalLauncher:
 
     def _faults(self) -> None:
         cfg = self.cfg
-        if (
-            cfg.kill_replica is not None
-            and cfg.kill_at_step is not None
-            and not self._killed_once
-        ):
+        if cfg.kill_replica is not None and cfg.kill_at_step is not None and not self._killed_once:
             rs = self.replicas[cfg.kill_replica]
-            if rs.state == "training" and rs.step >= cfg.kill_at_step:
-                if self._healthy_others(rs) or cfg.replicas == 1:
-                    self._killed_once = True
-                    self._inject(rs, "injected")
+            due = rs.state == "training" and rs.step >= cfg.kill_at_step
+            if due and (self._healthy_others(rs) or cfg.replicas == 1):
+                self._killed_once = True
+                self._inject(rs, "injected")
         if cfg.chaos_mtbf_s:
             now = time.monotonic()
             if self._next_chaos is None:
-                self._next_chaos = now + cfg.chaos_warmup_s + self.rng.expovariate(
-                    1 / cfg.chaos_mtbf_s
+                self._next_chaos = (
+                    now + cfg.chaos_warmup_s + self.rng.expovariate(1 / cfg.chaos_mtbf_s)
                 )
             elif (
                 now >= self._next_chaos
@@ -394,7 +391,9 @@ class LocalLauncher:
                     break
                 alive = [r for r in self.replicas if r.state != "out"]
                 if len(alive) < cfg.min_replicas:
-                    error = f"only {len(alive)} replicas left, below min_replicas={cfg.min_replicas}"
+                    error = (
+                        f"only {len(alive)} replicas left, below min_replicas={cfg.min_replicas}"
+                    )
                     break
                 if time.monotonic() > deadline:
                     error = f"run did not finish within {cfg.run_timeout_s:.0f}s"
@@ -422,7 +421,7 @@ class LocalLauncher:
         intervals = []
         for rs in self.replicas:
             ts = [t for t, _, heal, _ in rs.commits if not heal]
-            intervals += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+            intervals += [b - a for a, b in itertools.pairwise(ts)]
         median_step = statistics.median(intervals) if intervals else 0.0
         stalls = []
         for f in self.failures:
@@ -497,7 +496,9 @@ class LocalLauncher:
         return True
 
 
-def launch(cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None) -> RunSummary:
+def launch(
+    cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None
+) -> RunSummary:
     return LocalLauncher(cfg, on_update).run()
 
 

@@ -18,8 +18,8 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("fthsdp.watchdog")

@@ -93,8 +93,10 @@ def test_kill9_one_replica_mid_run(tmp_path: Path) -> None:
     # steps alone (1 participant) between the kill and the restarted replica's return
     ev0 = events(tmp_path, 0)
     solo = [
-        e["step"] for e in ev0
-        if e["event"] == "commit" and failure["t_kill"] < e["t"] < failure["t_rejoin"]
+        e["step"]
+        for e in ev0
+        if e["event"] == "commit"
+        and failure["t_kill"] < e["t"] < failure["t_rejoin"]
         and e["participants"] == 1
     ]
     assert len(solo) >= 3 and solo == sorted(solo), (failure, ev0)
@@ -167,24 +169,38 @@ def test_cli_durable_restart_from_checkpoint(tmp_path: Path) -> None:
     cursor included, and continues at the step it left."""
     spec = tmp_path / "tiny.toml"
     spec.write_text(
-        (ROOT / "examples" / "tiny.toml").read_text().replace(
-            'run_dir = "runs/tiny"', f'run_dir = "{tmp_path / "run"}"'
-        )
+        (ROOT / "examples" / "tiny.toml")
+        .read_text()
+        .replace('run_dir = "runs/tiny"', f'run_dir = "{tmp_path / "run"}"')
     )
-    base = [sys.executable, "-m", "fthsdp_cli", "run", "--local", str(spec), "--json",
-            "--set", "train.checkpoint_every_steps=4", "--replicas", "2",
-            "--ranks-per-replica", "1"]
+    base = [
+        sys.executable,
+        "-m",
+        "fthsdp_cli",
+        "run",
+        "--local",
+        str(spec),
+        "--json",
+        "--set",
+        "train.checkpoint_every_steps=4",
+        "--replicas",
+        "2",
+        "--ranks-per-replica",
+        "1",
+    ]
     env = {**os.environ, **_env()}
-    first = subprocess.run([*base, "--steps", "8"], env=env, capture_output=True, text=True,
-                           timeout=200)
+    first = subprocess.run(
+        [*base, "--steps", "8"], env=env, capture_output=True, text=True, timeout=200
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     assert json.loads(first.stdout)["steps"] == 8
     from runtime import ledger
 
     ledger_dir = tmp_path / "run" / "ledger"
     end_cursor = ledger.verify(ledger.read_log(sorted(ledger_dir.glob("r*.jsonl")))).samples
-    second = subprocess.run([*base, "--steps", "12", "--resume"], env=env, capture_output=True,
-                            text=True, timeout=200)
+    second = subprocess.run(
+        [*base, "--steps", "12", "--resume"], env=env, capture_output=True, text=True, timeout=200
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     out = json.loads(second.stdout)
     assert out["weights_agree"] and out["steps"] == 12
@@ -196,9 +212,18 @@ def test_cli_durable_restart_from_checkpoint(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_worker_exit_codes(tmp_path: Path) -> None:
     """Bad environment: exit 2 naming the variable. No quorum service: exit 3 after join."""
-    env = {**os.environ, **_env(), "FTHSDP_RUN_DIR": str(tmp_path), "FTHSDP_NUM_REPLICAS": "2",
-           "FTHSDP_REPLICA_ID": "2", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29999", "FTHSDP_LIGHTHOUSE": "http://127.0.0.1:9"}
+    env = {
+        **os.environ,
+        **_env(),
+        "FTHSDP_RUN_DIR": str(tmp_path),
+        "FTHSDP_NUM_REPLICAS": "2",
+        "FTHSDP_REPLICA_ID": "2",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+        "FTHSDP_LIGHTHOUSE": "http://127.0.0.1:9",
+    }
     bad = subprocess.run(COMMAND, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "FTHSDP_REPLICA_ID" in bad.stderr

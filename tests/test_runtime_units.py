@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -41,10 +41,18 @@ def test_env_local_launcher_contract() -> None:
 
 
 def test_env_slurm_ranks_and_rendezvous() -> None:
-    raw = {k: v for k, v in BASE.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                      "MASTER_PORT")}
-    raw.update(SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1",
-               SLURM_STEP_NODELIST="node[3-4]", SLURM_JOB_ID="1234")
+    raw = {
+        k: v
+        for k, v in BASE.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    raw.update(
+        SLURM_PROCID="3",
+        SLURM_NTASKS="4",
+        SLURM_LOCALID="1",
+        SLURM_STEP_NODELIST="node[3-4]",
+        SLURM_JOB_ID="1234",
+    )
     env = parse_env(raw)
     assert (env.rank, env.world_size, env.local_rank) == (3, 4, 1)
     assert env.master_addr == "node3" and env.nodes == ("node3", "node4")
@@ -80,7 +88,8 @@ def test_control_file_reread(tmp_path: Path) -> None:
     env = parse_env({**BASE, "FTHSDP_CONTROL_FILE": str(control), "FTHSDP_LIGHTHOUSE": ""})
     assert env.endpoints() is None
     control.write_text(json.dumps({"lighthouse": "http://a:1", "coordinator": "http://a:2"}))
-    assert env.endpoints() is not None and env.endpoints().lighthouse == "http://a:1"
+    found = env.endpoints()
+    assert found is not None and found.lighthouse == "http://a:1"
     control.write_text(json.dumps({"lighthouse": "http://b:1"}))  # control job requeued
     found = read_control(control)
     assert found is not None and found.lighthouse == "http://b:1" and found.coordinator is None
@@ -99,7 +108,10 @@ def test_control_file_reread(tmp_path: Path) -> None:
     ],
 )
 def test_ledger_assign(
-    cursor: int, participant: int | None, participants: int, batch: int,
+    cursor: int,
+    participant: int | None,
+    participants: int,
+    batch: int,
     expected: ledger.Slot | None,
 ) -> None:
     assert ledger.assign(cursor, participant, participants, batch) == expected
@@ -188,10 +200,10 @@ def test_suggestion_uses_elapsed_as_mtbf_bound_without_failures() -> None:
 # ---------------------------------------------------------------- reports
 class _Coordinator(BaseHTTPRequestHandler):
     secret = b""
-    received: list[dict[str, Any]] = []
+    received: ClassVar[list[dict[str, Any]]] = []
     status = 200
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         verify(self.secret, body, dict(self.headers.items()))
         type(self).received.append(json.loads(body))
@@ -255,8 +267,11 @@ class _Suite:
 
 def test_verdict_of_suite() -> None:
     assert verdict_of(_Suite(True, [_Check("xid", "pass", "")], None)) is None
-    bad = _Suite(False, [_Check("xid", "fail", "Xid 79 on GPU 3"), _Check("ecc", "pass", "")],
-                 "fthsdp: xid: 79")
+    bad = _Suite(
+        False,
+        [_Check("xid", "fail", "Xid 79 on GPU 3"), _Check("ecc", "pass", "")],
+        "fthsdp: xid: 79",
+    )
     assert verdict_of(bad) == ("fthsdp: xid: 79", ["xid: Xid 79 on GPU 3"])
 
 
@@ -268,11 +283,19 @@ def test_watchdog_reports_node_fault_once() -> None:
     def run_checks(**kwargs: Any) -> _Suite:
         calls.append(kwargs)
         healthy = len(calls) < 3
-        return _Suite(healthy, [_Check("ecc", "pass" if healthy else "fail", "2 DBE")],
-                      None if healthy else "fthsdp: ecc: uncorrectable")
+        return _Suite(
+            healthy,
+            [_Check("ecc", "pass" if healthy else "fail", "2 DBE")],
+            None if healthy else "fthsdp: ecc: uncorrectable",
+        )
 
-    dog = NodeWatchdog(["xid", "gpu-count", "ecc", "nvlink"], lambda r, e: faults.append((r, e)),
-                       interval_s=0.05, run_checks=run_checks, options={"gpu_source": "smi"})
+    dog = NodeWatchdog(
+        ["xid", "gpu-count", "ecc", "nvlink"],
+        lambda r, e: faults.append((r, e)),
+        interval_s=0.05,
+        run_checks=run_checks,
+        options={"gpu_source": "smi"},
+    )
     dog.start()
     deadline = time.monotonic() + 10
     while not faults and time.monotonic() < deadline:
