@@ -156,6 +156,13 @@ def ddp_worker() -> None:
     def save() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
+    # the Manager connects to the replica's store as a client; one process per replica hosts it
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=True,
+        wait_for_workers=False,
+    )
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
         load_state_dict=load,
@@ -183,6 +190,7 @@ def ddp_worker() -> None:
         times.append(time.perf_counter() - start)
     _write(run_dir, replica, 0, model, times)
     manager.shutdown(wait=False)
+    del store
 
 
 def start(
