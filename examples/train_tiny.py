@@ -37,7 +37,13 @@ class SyntheticRegression(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Ten
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 4))
+    return nn.Sequential(
+        nn.Linear(DIM, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, 4),
+    )
 
 
 def main() -> None:

@@ -253,7 +253,11 @@ def parse_nvlink_errors(text: str) -> list[NvLinkErrors]:
 def parse_csv(text: str, fields: list[str]) -> list[dict[str, str | None]]:
     """Rows of `--format=csv,noheader,nounits` output keyed by the queried field names."""
     rows = []
-    for record in csv.reader(io.StringIO(text), skipinitialspace=True):
+    for line in text.splitlines():
+        try:
+            record = next(csv.reader(io.StringIO(line), skipinitialspace=True), [])
+        except csv.Error:
+            continue
         if len(record) != len(fields):
             continue
         row: dict[str, str | None] = {}

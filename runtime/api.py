@@ -46,7 +46,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -55,7 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import ledger
-from runtime.api_files import FINISHED_MARKER, list_final_shards
+from runtime.api_files import FINISHED_MARKER
 from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
 
@@ -63,7 +62,6 @@ log = logging.getLogger("fthsdp.runtime")
 
 #: Test hook: "REPLICA:RANK:STEP" makes that rank vote "no" once at that training step.
 INJECT_VOTE_NO_ENV = "FTHSDP_INJECT_VOTE_NO"
-
 
 
 class FatalWorkerError(RuntimeError):
@@ -269,9 +267,7 @@ class FTHSDP:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         model = model.to(self.device)
-        mesh = init_device_mesh(
-            self.device.type, (self.env.world_size,), mesh_dim_names=("shard",)
-        )
+        mesh = init_device_mesh(self.device.type, (self.env.world_size,), mesh_dim_names=("shard",))
         units = (
             list(blocks)
             if blocks is not None
@@ -358,7 +354,14 @@ class FTHSDP:
             self._event("joined", step=self.manager.current_step())
 
     def _sync_step(self, reason: str) -> bool:
-        """A data-free step: apply a pending heal, vote, step nothing. True if committed."""
+        """A data-free step: apply a pending heal, vote, step nothing. True if committed.
+
+        A one-element allreduce across the quorum comes first: it cannot complete before every
+        healing peer has fetched its checkpoint, so no sender closes its checkpoint server (which
+        `should_commit` does) while a peer is still reading it. A training step gets the same
+        ordering from its gradient allreduce.
+        """
+        self.manager.allreduce(torch.zeros(1, device=self.device)).wait()
         ok = self.manager.should_commit()
         self._event("sync", reason=reason, committed=ok, step=self.manager.current_step())
         return ok
@@ -468,7 +471,7 @@ class FTHSDP:
 
         assert self.model is not None and self.optim is not None
         params = {name: _local(p) for name, p in self.model.named_parameters()}
-        names = {p: name for name, p in self.model.named_parameters()}
+        names: dict[Any, str] = {p: name for name, p in self.model.named_parameters()}
         opt_state: dict[str, dict[str, Any]] = {}
         for p, st in self.optim.state.items():
             opt_state[names[p]] = {
@@ -500,8 +503,12 @@ class FTHSDP:
                     v = v.to(self.device)
                     if kind == "d" and isinstance(p, DTensor):
                         new[k] = DTensor.from_local(
-                            v.clone(), p.device_mesh, p.placements, run_check=False,
-                            shape=p.shape, stride=p.stride(),
+                            v.clone(),
+                            p.device_mesh,
+                            p.placements,
+                            run_check=False,
+                            shape=p.shape,
+                            stride=p.stride(),
                         )
                     else:
                         new[k] = v.clone()

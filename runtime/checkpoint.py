@@ -59,9 +59,7 @@ class Suggestion:
         )
 
 
-def suggest(
-    write_s: float, failures: int, elapsed_s: float, step_s: float
-) -> Suggestion:
+def suggest(write_s: float, failures: int, elapsed_s: float, step_s: float) -> Suggestion:
     """Young/Daly suggestion from measured write time and observed failures over elapsed time.
 
     With no failure seen yet the MTBF is only known to exceed the elapsed time; that bound is used.
@@ -135,7 +133,9 @@ class DurableCheckpointer:
                 write_s, self.failures_seen, time.monotonic() - self._started, step_s
             )
             log.warning("step %d: %s", ft.step, self.last_suggestion.line())
-            ft._event("checkpoint", step=ft.step, write_s=write_s, suggestion=self.last_suggestion.line())
+            ft._event(
+                "checkpoint", step=ft.step, write_s=write_s, suggestion=self.last_suggestion.line()
+            )
         return path
 
     def _prune(self) -> None:

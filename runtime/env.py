@@ -19,6 +19,7 @@ one failed collective, and a replica's first quorum waits longest of all, for pe
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Mapping
@@ -62,7 +63,7 @@ class Timeouts:
             ("quorum", self.quorum_s),
             ("join", self.join_s),
         ]
-        for (a, va), (b, vb) in zip(order, order[1:], strict=False):
+        for (a, va), (b, vb) in itertools.pairwise(order):
             if not va < vb:
                 return f"{a} timeout ({va}s) must be below {b} timeout ({vb}s)"
         if self.heartbeat_s <= 0:
@@ -175,7 +176,9 @@ def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str, int, tuple[str, 
         port = _int(env, "MASTER_PORT", minimum=1)
         return rank, world, local, addr, port, (), job_id
     if env.get("SLURM_PROCID") is None:
-        raise EnvError("RANK", None, "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or run under srun")
+        raise EnvError(
+            "RANK", None, "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or run under srun"
+        )
     world = _int(env, "SLURM_NTASKS", minimum=1)
     rank = _int(env, "SLURM_PROCID")
     if rank >= world:
@@ -204,7 +207,9 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
     replica = _int(env, "FTHSDP_REPLICA_ID")
     if replica >= num:
         raise EnvError(
-            "FTHSDP_REPLICA_ID", env["FTHSDP_REPLICA_ID"], f"must be below FTHSDP_NUM_REPLICAS={num}"
+            "FTHSDP_REPLICA_ID",
+            env["FTHSDP_REPLICA_ID"],
+            f"must be below FTHSDP_NUM_REPLICAS={num}",
         )
     min_replicas = _int(env, "FTHSDP_MIN_REPLICAS", default=1, minimum=1)
     if min_replicas > num:

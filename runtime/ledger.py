@@ -39,7 +39,9 @@ class Slot:
         return range(self.lo, self.hi)
 
 
-def assign(cursor: int, participant: int | None, participants: int, replica_batch: int) -> Slot | None:
+def assign(
+    cursor: int, participant: int | None, participants: int, replica_batch: int
+) -> Slot | None:
     """The slot of participant number `participant` (None: healing or not participating)."""
     if participant is None:
         return None

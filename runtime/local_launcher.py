@@ -20,6 +20,7 @@ verdict, and the effective training time ratio (ETTR).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -63,6 +64,9 @@ class LaunchConfig:
     lighthouse_join_timeout_s: float | None = None
     #: Keep this many seconds of warm-up before the first chaos kill.
     chaos_warmup_s: float = 3.0
+    #: No chaos kill once a replica passed this fraction of the steps, so that restarted
+    #: replicas can rejoin before the end and the final weights of all of them can be compared.
+    chaos_stop_fraction: float = 0.7
 
 
 @dataclass
@@ -305,23 +309,23 @@ class LocalLauncher:
 
     def _faults(self) -> None:
         cfg = self.cfg
-        if (
-            cfg.kill_replica is not None
-            and cfg.kill_at_step is not None
-            and not self._killed_once
-        ):
+        if cfg.kill_replica is not None and cfg.kill_at_step is not None and not self._killed_once:
             rs = self.replicas[cfg.kill_replica]
-            if rs.state == "training" and rs.step >= cfg.kill_at_step:
-                if self._healthy_others(rs) or cfg.replicas == 1:
-                    self._killed_once = True
-                    self._inject(rs, "injected")
+            due = rs.state == "training" and rs.step >= cfg.kill_at_step
+            if due and (self._healthy_others(rs) or cfg.replicas == 1):
+                self._killed_once = True
+                self._inject(rs, "injected")
         if cfg.chaos_mtbf_s:
             now = time.monotonic()
             if self._next_chaos is None:
-                self._next_chaos = now + cfg.chaos_warmup_s + self.rng.expovariate(
-                    1 / cfg.chaos_mtbf_s
+                self._next_chaos = (
+                    now + cfg.chaos_warmup_s + self.rng.expovariate(1 / cfg.chaos_mtbf_s)
                 )
-            elif now >= self._next_chaos and not self._any_done:
+            elif (
+                now >= self._next_chaos
+                and not self._any_done
+                and max(r.step for r in self.replicas) < cfg.chaos_stop_fraction * cfg.steps
+            ):
                 candidates = [
                     r for r in self.replicas if r.state == "training" and self._healthy_others(r)
                 ]
@@ -387,7 +391,9 @@ class LocalLauncher:
                     break
                 alive = [r for r in self.replicas if r.state != "out"]
                 if len(alive) < cfg.min_replicas:
-                    error = f"only {len(alive)} replicas left, below min_replicas={cfg.min_replicas}"
+                    error = (
+                        f"only {len(alive)} replicas left, below min_replicas={cfg.min_replicas}"
+                    )
                     break
                 if time.monotonic() > deadline:
                     error = f"run did not finish within {cfg.run_timeout_s:.0f}s"
@@ -415,7 +421,7 @@ class LocalLauncher:
         intervals = []
         for rs in self.replicas:
             ts = [t for t, _, heal, _ in rs.commits if not heal]
-            intervals += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+            intervals += [b - a for a, b in itertools.pairwise(ts)]
         median_step = statistics.median(intervals) if intervals else 0.0
         stalls = []
         for f in self.failures:
@@ -490,7 +496,9 @@ class LocalLauncher:
         return True
 
 
-def launch(cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None) -> RunSummary:
+def launch(
+    cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None
+) -> RunSummary:
     return LocalLauncher(cfg, on_update).run()
 
 

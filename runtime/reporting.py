@@ -55,6 +55,8 @@ PROCESS_FAULT_MARKERS = (
     "peer",
     "quorum",
     "commit vote",
+    "transport error",
+    "checkpoint",
 )
 
 
@@ -83,11 +85,12 @@ def classify_failure(exc: BaseException, node: str | None) -> FailureVerdict:
     evidence = list(getattr(exc, "evidence", []) or [])
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(code, ExitCode):
-        failure: FailureClass | None = {
+        classes: dict[ExitCode, FailureClass] = {
             ExitCode.NODE_FAULT: "node",
             ExitCode.PROCESS_FAULT: "process",
             ExitCode.NO_QUORUM_SERVICE: "process",
-        }.get(code)
+        }
+        failure = classes.get(code)
         return FailureVerdict(failure, code, node, evidence or [text[:300]])
     verdict = classify_text(text, node)
     return FailureVerdict(verdict.failure, verdict.exit_code, node, evidence or verdict.evidence)

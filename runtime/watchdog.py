@@ -18,8 +18,8 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("fthsdp.watchdog")
@@ -30,6 +30,10 @@ CHEAP_CHECKS = ("xid", "gpu-count", "ecc")
 def check_options(env: Mapping[str, str]) -> dict[str, Any]:
     """`run_checks` keyword arguments from the environment (only those that are set)."""
     out: dict[str, Any] = {}
+    if env.get("FTHSDP_HEALTH_CONFIG"):
+        from prolog_epilog import load_config
+
+        out["config"] = load_config(env["FTHSDP_HEALTH_CONFIG"], env.get("SLURMD_NODENAME"))
     if env.get("FTHSDP_GPU_SOURCE"):
         out["gpu_source"] = env["FTHSDP_GPU_SOURCE"]
     for key, var in (("sysfs_root", "FTHSDP_SYSFS_ROOT"), ("kernel_log", "FTHSDP_KERNEL_LOG")):

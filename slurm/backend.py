@@ -32,6 +32,8 @@ from typing import Any, Protocol
 DRAIN_PREFIX = "fthsdp:"
 #: sinfo shows 20 characters of a reason by default; scontrol shows it all.
 REASON_MAX = 120
+#: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
+RELEASE_DELAY_S = 2
 
 
 class SlurmCommandError(RuntimeError):
@@ -173,9 +175,33 @@ class CommandBackend:
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
 
-    def release(self, job_id: str) -> None:
-        """Make a requeued job eligible now (DESIGN.md fact 2: otherwise held back ~120 s)."""
-        self._run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    def release(self, job_id: str, settle: float = 30.0) -> None:
+        """Make a requeued job eligible now (DESIGN.md fact 2: otherwise held back ~120 s).
+
+        Right after `scontrol requeue` the job is still COMPLETING, and Slurm sets the
+        held-back begin time only when it has completed: an update sent earlier is overwritten
+        (seen on 22.05 with het jobs). So this waits (up to `settle` s) until every component is
+        back to PENDING, then sets the begin time, and repeats while a later one is in place.
+
+        The begin time is now + `RELEASE_DELAY_S`, not now: slurmd revoked the old run's job
+        credential when it was killed, and a restart in that same second is refused ("Killing
+        non-startable batch JobId=N: Job credential revoked", seen on 22.05), which ends the
+        job instead of restarting it. The held-back ~120 s exists for this; 2 s suffice.
+        """
+        deadline = time.monotonic() + settle
+        while not self._settled(job_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        while True:
+            self._run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{RELEASE_DELAY_S}"])
+            ahead = [
+                j
+                for j in self.jobs([job_id])
+                if j.state.upper() == "PENDING"
+                and j.eligible_time > time.time() + RELEASE_DELAY_S + 1
+            ]
+            if not ahead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         # A job requeued after a prolog failure may also be held; release is a no-op otherwise.
         with contextlib.suppress(SlurmCommandError):
             self._run(["scontrol", "release", job_id], retry=False)
@@ -186,6 +212,11 @@ class CommandBackend:
             self._run(["scancel", *ids])
 
     def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        """Jobs known to slurmctld; with `job_ids`, those jobs (all components of het jobs).
+
+        22.05's `squeue --json` ignores `--jobs`/`--name` and returns every job, so the
+        filters are passed (later Slurms honour them) and applied here as well.
+        """
         argv = ["squeue", "--json"]
         ids = list(job_ids)
         if ids:
@@ -199,12 +230,20 @@ class CommandBackend:
             if ids and "Invalid job id" in exc.stderr:
                 return []
             raise
-        jobs = parse_squeue_json(out)
-        if ids:
-            # 22.05's `squeue --json` ignores --jobs and lists every job: filter here.
-            wanted = set(ids)
-            jobs = [j for j in jobs if j.job_id in wanted or j.base_id in wanted]
-        return jobs
+        return filter_jobs(parse_squeue_json(out), ids, name)
+
+    def _settled(self, job_id: str) -> bool:
+        """True once every component of `job_id` is back in the queue (PENDING or held).
+
+        Uses text squeue, whose `--jobs` filter works on every version, and whose %T shows
+        COMPLETING (the JSON form reports a completing requeued job as PENDING already).
+        """
+        try:
+            out = self._run(["squeue", "-h", f"--jobs={job_id}", "-o", "%T"])
+        except SlurmCommandError:
+            return True
+        states = {line.strip() for line in out.splitlines() if line.strip()}
+        return states <= {"PENDING", "REQUEUE_HOLD", "SPECIAL_EXIT"}
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -245,6 +284,17 @@ _TRANSIENT = (
 
 def _transient(stderr: str) -> bool:
     return any(t in stderr for t in _TRANSIENT)
+
+
+def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> list[JobInfo]:
+    """Keep jobs whose id or het leader id is in `ids` (if any) and whose name is `name`."""
+    wanted = set(ids)
+    return [
+        j
+        for j in jobs
+        if (not wanted or j.job_id in wanted or j.base_id in wanted)
+        and (name is None or j.name == name)
+    ]
 
 
 def parse_squeue_json(text: str) -> list[JobInfo]:

@@ -18,10 +18,11 @@ Not exercised by the test-suite here: no pyslurm build for Slurm 22.05 exists.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from slurm.backend import CommandBackend, SlurmCommandError
+from slurm.backend import RELEASE_DELAY_S, CommandBackend, SlurmCommandError
 
 
 def _pyslurm() -> Any:
@@ -43,14 +44,21 @@ class PyslurmBackend(CommandBackend):
         p = _pyslurm()
         self._rpc(["requeue", job_id], p.Job(int(job_id)).requeue)
 
-    def release(self, job_id: str) -> None:
-        """Make a requeued job eligible now (begin time = now), and release a hold if any."""
+    def release(self, job_id: str, settle: float = 30.0) -> None:
+        """Make a requeued job eligible now (begin time = now), and release a hold if any.
+
+        Waits, like `CommandBackend.release`, until the job is back to PENDING: an earlier
+        update is overwritten when the requeue completes.
+        """
+        deadline = time.monotonic() + settle
+        while not self._settled(job_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
         p = _pyslurm()
         job = p.Job(int(job_id))
         self._rpc(
-            ["update", job_id, "begin_time=now"],
+            ["update", job_id, f"begin_time=now+{RELEASE_DELAY_S}"],
             job.modify,
-            p.JobSubmitDescription(begin_time="now"),
+            p.JobSubmitDescription(begin_time=f"now+{RELEASE_DELAY_S}"),
         )
         with contextlib.suppress(Exception):  # not held: nothing to release
             job.release()

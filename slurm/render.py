@@ -157,6 +157,10 @@ def replica_options(spec: JobSpec, replica: int) -> tuple[list[Option], list[Opt
     comp1: list[Option] = []
     if h is not None:
         comp1 = _opts(
+            # Slurm 22.05 checks `singleton` per component: a helper component sharing the
+            # trainer's name waits on it forever (the het job never starts). Its own name
+            # keeps singleton meaningful for both components.
+            ("job-name", f"{spec.replica_name(replica)}-helper"),
             ("account", spec.job.account),
             ("qos", spec.job.qos),
             ("time", spec.job.time),

@@ -68,7 +68,6 @@ MAIL_TYPES = frozenset(
 )
 GRES_FLAGS = frozenset({"enforce-binding", "disable-binding"})
 #: Health check names (the prolog in prolog_epilog/ owns the list and rejects unknown ones).
-CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
 MAX_REPLICAS = 100_000
 
@@ -374,18 +373,20 @@ class HealthSection:
     checks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from prolog_epilog.config import CHECK_NAMES
+
         for c in self.checks:
-            if not CHECK_NAME.match(c):
-                raise InputError(
-                    "health.checks", c, "check names like 'ecc', 'gpu_count' ([a-z][a-z0-9_]*)"
-                )
+            if c not in CHECK_NAMES:
+                close = difflib.get_close_matches(c, CHECK_NAMES, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InputError("health.checks", c, f"allowed: {', '.join(CHECK_NAMES)}{hint}")
         if len(set(self.checks)) != len(self.checks):
             raise InputError("health.checks", list(self.checks), "each check at most once")
 
     @property
-    def comment(self) -> str:
-        """The job comment the prolog reads: `fthsdp:health=ecc,xid` (or `fthsdp:health=`)."""
-        return "fthsdp:health=" + ",".join(self.checks)
+    def comment(self) -> str | None:
+        """The job comment the prolog reads (`fthsdp-health:ecc,xid`); None when none asked."""
+        return "fthsdp-health:" + ",".join(self.checks) if self.checks else None
 
 
 @dataclass(frozen=True)
@@ -427,19 +428,19 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (written to run_dir/spec.json at submit)."""
-        return _plain(self)  # not dataclasses.asdict: it cannot deep-copy job.env's mappingproxy
+        data: dict[str, Any] = _plain(self)
+        return data
 
 
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+def _plain(value: Any) -> Any:
+    """Dataclasses, mappings and tuples as JSON-able dicts and lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def srun_calls(workdir: Path) -> list[tuple[list[str], dict[str, str]]]:
     """Completed shim calls: (argv, {variable: value}) each."""
     calls = []
     for d in sorted(workdir.glob("call-*")):
-        argv = (d / "args").read_text().split("\0")[:-1]
-        env = {p.name.removeprefix("env-"): p.read_text() for p in d.glob("env-*")}
+        argv = (d / "args").read_bytes().decode().split("\0")[:-1]
+        env = {p.name.removeprefix("env-"): p.read_bytes().decode() for p in d.glob("env-*")}
         calls.append((argv, env))
     return calls

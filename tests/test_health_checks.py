@@ -294,7 +294,7 @@ def test_job_comment_checks():
 def test_config_errors_name_the_key(tmp_path):
     bad = tmp_path / "c.toml"
     bad.write_text("[general]\ntotal_budjet_s = 3\n")
-    with pytest.raises(InputError, match="general.total_budjet_s"):
+    with pytest.raises(InputError, match=r"general\.total_budjet_s"):
         load_config(bad)
     bad.write_text("[checks.ecc]\nvolatile_uncorrectable_max = 'zero'\n")
     with pytest.raises(InputError, match="must be an integer"):
@@ -384,3 +384,37 @@ def test_crashing_check_becomes_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(disk, "run", boom)
     res = run_checks(["disk"], load_config().with_overrides(state_dir=str(tmp_path)))
     assert res.checks[0].status == "error" and res.checks[0].detail == "RuntimeError: deep"
+
+
+@pytest.mark.timeout(30)
+def test_epilog_cleanup_kills_only_the_jobs_strays_on_its_gpus() -> None:
+    import subprocess
+
+    from prolog_epilog.actions import epilog_cleanup
+    from prolog_epilog.records import GpuProcess
+
+    mine = subprocess.Popen(["sleep", "100"])
+    other_gpu = subprocess.Popen(["sleep", "100"])
+    try:
+
+        class Source:
+            kind = "fake"
+
+            def gpus(self, timeout: float) -> list[GpuInfo]:
+                return [GpuInfo(0, "00000000:18:00.0"), GpuInfo(1, "00000000:2A:00.0")]
+
+            def processes(self, timeout: float) -> list[GpuProcess]:
+                return [
+                    GpuProcess(mine.pid, "00000000:18:00.0"),
+                    GpuProcess(other_gpu.pid, "00000000:2A:00.0"),
+                ]
+
+        env = {"SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": "0"}
+        report = epilog_cleanup(Source(), env, grace=2.0, kill=True, shm=False, timeout=5.0)  # type: ignore[arg-type]
+        assert report["signalled"] == [mine.pid]
+        assert mine.wait(timeout=5) != 0
+        assert other_gpu.poll() is None  # another job's GPU: left alone
+    finally:
+        for p in (mine, other_gpu):
+            p.kill()
+            p.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_replica_job_lines() -> None:
         "#SBATCH --gres=gpu:h100:8",
         "#SBATCH --switches=1@00:10:00",
         "#SBATCH --exclusive",
-        "#SBATCH --comment=fthsdp:health=gpu_count,ecc,xid",
+        "#SBATCH --comment=fthsdp-health:gpu-count,ecc,xid",
         "export FTHSDP_REPLICA_ID=3",
         "export FTHSDP_CONTROL_FILE=/shared/runs/llama-ft/control.json",
         "export HF_HOME='/shared/hf cache'",
@@ -84,3 +85,25 @@ def test_replica_ids_are_zero_padded_to_the_count() -> None:
     assert last.filename == "replica-999.sbatch"
     assert last.job_name == "cpu-r999"
     assert render_run(spec, [7], control=False)[0].filename == "replica-007.sbatch"
+
+
+def test_render_and_submit_paths_import_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from fthsdp_cli.main import cli\n"
+        f"r = CliRunner().invoke(cli, ['render', {str(SPECS / 'helper.toml')!r}])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "import slurm.submit, slurm.backend, slurm.run_dir, runtime.control.report\n"
+        "import fthsdp_cli.commands.status\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr

@@ -28,6 +28,7 @@ HOSTILE = [
     "a && touch {d}/pwned-and || touch {d}/pwned-or",
     "\\'$(touch {d}/pwned-escape)",
     "$'\\x74ouch' {d}/pwned-ansi",
+    "cr\r; touch {d}/pwned-cr\r",
 ]
 
 

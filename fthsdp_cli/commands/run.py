@@ -93,7 +93,9 @@ def run(
     if not local:
         raise InputError("--local", False, "only --local runs here; use `fthsdp submit` on Slurm")
     if (kill_replica is None) != (at_step is None):
-        raise InputError("--kill-replica/--at-step", (kill_replica, at_step), "give both or neither")
+        raise InputError(
+            "--kill-replica/--at-step", (kill_replica, at_step), "give both or neither"
+        )
     if chaos_mtbf is not None and chaos_mtbf <= 0:
         raise InputError("--chaos-mtbf", chaos_mtbf, "a positive number of seconds")
     from runtime.local_launcher import LocalLauncher, clear_run_state, config_from_spec

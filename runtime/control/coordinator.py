@@ -88,7 +88,6 @@ class CoordinatorConfig:
     action_retries: int = 5
     action_backoff_s: float = 1.0
     action_backoff_max_s: float = 30.0
-    release_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -313,17 +312,9 @@ class Coordinator:
             b.requeue(action.job_id)
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
-            # `StartTime=now` only sticks once the requeued job is back to PENDING (before that
-            # Slurm is still completing it and then sets its begin time ~120 s ahead).
-            waited = 0.0
-            while waited < self.config.release_wait_s:
-                current = _lead(b, action.job_id)
-                if not current or current[0].state.upper() == "PENDING":
-                    break
-                time.sleep(0.5)
-                waited += 0.5
+            # The backend waits for the requeued job to settle back to PENDING first.
             b.release(action.job_id)
-            return ("done", f"eligible now (waited {waited:.1f}s for PENDING)")
+            return ("done", "eligible now")
         if isinstance(action, Cancel):
             b.cancel([action.job_id])
             return ("done", "cancelled")

@@ -1,0 +1,154 @@
+"""Recovery from one failure: FT-HSDP (tuned and torchft-default timeouts) vs a synchronous job.
+
+Three replicas (one rank each) train the tiny example; replica 2 is killed with SIGKILL at step
+KILL_AT. For FT-HSDP the local launcher restarts only that replica; for the synchronous job
+(static HSDP, durable checkpoint every CKPT_EVERY steps) the whole job is killed and restarted
+from the last checkpoint, which is what a synchronous job does when one rank dies.
+
+Figures: healthy-replica stall (the longest gap between a surviving replica's commits around the
+failure, minus a normal step), time to rejoin (relaunch -> first full step; and from the
+restarted process's first quorum), and ETTR over the run (useful replica-steps x median step /
+(replicas x wall time)). Targets: stall < 5 s, rejoin < 1 step after load, ETTR ratio vs sync > 1.
+Prints the figures and writes benchmarks/results/recovery.json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+STEPS = int(os.environ.get("BENCH_STEPS", "120"))
+KILL_AT = 20
+CKPT_EVERY = 10
+SLEEP = os.environ.get("BENCH_STEP_SLEEP_S", "0.1")
+
+
+def ft(run_dir: Path, default_timeouts: bool) -> dict[str, Any]:
+    from runtime.env import Timeouts
+    from runtime.local_launcher import LaunchConfig, launch
+
+    timeouts = Timeouts(5.0, 60.0, 61.0, 62.0) if default_timeouts else Timeouts()
+    s = launch(
+        LaunchConfig(
+            run_dir=run_dir,
+            command=[sys.executable, str(ROOT / "examples" / "train_tiny.py")],
+            replicas=3,
+            ranks_per_replica=1,
+            steps=STEPS,
+            kill_replica=2,
+            kill_at_step=KILL_AT,
+            timeouts=timeouts,
+            extra_env={"TINY_STEP_SLEEP_S": SLEEP},
+            run_timeout_s=600,
+        )
+    )
+    return {
+        "ok": s.ok,
+        "healthy_stall_s": s.max_healthy_stall_s,
+        "rejoin_s": s.rejoin_s[0] if s.rejoin_s else None,
+        "rejoin_after_load_s": s.rejoin_after_load_s[0] if s.rejoin_after_load_s else None,
+        "rejoin_after_load_steps": (
+            s.rejoin_after_load_s[0] / s.median_step_s if s.rejoin_after_load_s else None
+        ),
+        "median_step_s": s.median_step_s,
+        "ettr": s.ettr,
+        "wall_s": s.wall_s,
+        "weights_agree": s.weights_agree,
+        "ledger_ok": s.ledger_ok,
+    }
+
+
+def _commits(path: Path) -> tuple[list[float], list[float], list[int]]:
+    events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    commits = [e["t"] for e in events if e["event"] == "commit"]
+    joined = [e["t"] for e in events if e["event"] == "joined"]
+    steps = [e["step"] for e in events if e["event"] == "commit"]
+    return commits, joined, steps
+
+
+def synchronous(run_dir: Path) -> dict[str, Any]:
+    from runtime.baselines import start
+
+    env = {"FTHSDP_CHECKPOINT_EVERY_STEPS": str(CKPT_EVERY), "TINY_STEP_SLEEP_S": SLEEP}
+    progress = run_dir / "progress" / "plain.jsonl"
+    procs = start("plain", run_dir, 3, 1, STEPS, extra_env=env)
+    t_kill = t_restart = None
+    try:
+        while t_kill is None:
+            if progress.exists():
+                _, _, steps = _commits(progress)
+                if steps and steps[-1] >= KILL_AT:
+                    os.killpg(procs[2].pid, signal.SIGKILL)
+                    t_kill = time.time()
+            time.sleep(0.05)
+        # a synchronous job cannot continue without the rank: stop all, restart from disk
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        t_restart = time.time()
+        procs = start("plain", run_dir, 3, 1, STEPS, extra_env=env, tag="_restart")
+        for p in procs:
+            p.wait(timeout=600)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    commits, joined, steps = _commits(progress)
+    gaps = [b - a for a, b in itertools.pairwise(commits)]
+    median = statistics.median(gaps)
+    before = [t for t in commits if t <= t_kill]
+    after = [t for t in commits if t > t_kill]
+    span = commits[-1] - joined[0]
+    redone = len(steps) - len(set(steps))
+    return {
+        "stall_s": after[0] - before[-1] - median,
+        "restart_to_first_step_s": after[0] - t_restart,
+        "steps_redone": redone,
+        "median_step_s": median,
+        "ettr": min(1.0, STEPS * median / span),
+        "wall_s": span,
+    }
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="fthsdp-recovery-"))
+    result: dict[str, Any] = {
+        "steps": STEPS,
+        "kill_at_step": KILL_AT,
+        "ft_hsdp": ft(tmp / "ft", default_timeouts=False),
+        "ft_hsdp_torchft_default_timeouts": ft(tmp / "ft_default", default_timeouts=True),
+        "synchronous": synchronous(tmp / "sync"),
+    }
+    result["ettr_ratio_vs_sync"] = result["ft_hsdp"]["ettr"] / result["synchronous"]["ettr"]
+    for name in ("ft_hsdp", "ft_hsdp_torchft_default_timeouts", "synchronous"):
+        row = result[name]
+        stall = row.get("healthy_stall_s", row.get("stall_s"))
+        print(
+            f"{name:34s} stall {stall:6.2f} s  ETTR {row['ettr']:.2f}  wall {row['wall_s']:.1f} s"
+        )
+    print(
+        f"rejoin (FT-HSDP): {result['ft_hsdp']['rejoin_s']} s from relaunch, "
+        f"{result['ft_hsdp']['rejoin_after_load_steps']} steps after load"
+    )
+    print(f"ETTR ratio FT-HSDP / synchronous: {result['ettr_ratio_vs_sync']:.2f}")
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recovery.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

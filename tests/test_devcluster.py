@@ -1,0 +1,232 @@
+"""The dev cluster: its generated config (pure), its CLI's refusals, and real het-job placement."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hostlist
+import pytest
+
+from slurm import devcluster
+from slurm.devcluster import DevClusterConfig
+from slurm.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(
+    *args: str, env: dict[str, str] | None = None, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "fthsdp_cli", *args]
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=120, cwd=REPO)
+
+
+def test_topology_groups_nodes_under_leaf_switches() -> None:
+    cfg = DevClusterConfig(directory=Path("/x"), nodes=5, switch_size=2)
+    assert cfg.switches == {"s1": ["node1", "node2"], "s2": ["node3", "node4"], "s3": ["node5"]}
+    topo = devcluster.topology_conf(cfg)
+    assert "SwitchName=s1 Nodes=node[1-2]" in topo
+    assert "SwitchName=s3 Nodes=node5" in topo
+    assert "SwitchName=spine Switches=s[1-3]" in topo
+
+
+def test_slurm_conf_has_fast_failure_settings_and_gres() -> None:
+    cfg = DevClusterConfig(
+        directory=Path("/c"),
+        nodes=2,
+        gpus_per_node=4,
+        ctld_port=20000,
+        slurmd_base_port=20001,
+        prolog="/p",
+        epilog="/e",
+        health_check_program="/h",
+        health_check_interval=5,
+    )
+    conf = devcluster.slurm_conf(cfg)
+    for line in (
+        "SchedulerParameters=bf_interval=1,bf_continue,nohold_on_prolog_fail",
+        "ReturnToService=2",
+        "SlurmdTimeout=10",
+        "TopologyPlugin=topology/tree",
+        "GresTypes=gpu",
+        "JobRequeue=1",
+        "Prolog=/p",
+        "PrologFlags=Alloc",
+        "Epilog=/e",
+        "HealthCheckProgram=/h",
+        "HealthCheckInterval=5",
+        "SlurmctldPort=20000",
+        "AuthInfo=socket=/c/munge/munge.socket",
+    ):
+        assert line in conf.splitlines(), line
+    assert "NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=20002" in conf
+    assert "Gres=gpu:h100:4" in conf
+    assert (
+        devcluster.gres_conf(cfg)
+        == "NodeName=node[1-2] Name=gpu Type=h100 File=/c/dev/nvidia[0-3]\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("nodes", 0), ("gpus_per_node", -1), ("switch_size", 0), ("ctld_port", 80), ("nodes", 100)],
+)
+def test_config_rejects_bad_values_naming_the_field(field: str, value: int) -> None:
+    with pytest.raises(InputError) as info:
+        DevClusterConfig(directory=Path("/x"), **{field: value})  # type: ignore[arg-type]
+    assert field in str(info.value)
+
+
+def test_cluster_up_rejects_bad_option_with_exit_2(tmp_path: Path) -> None:
+    r = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "0")
+    assert r.returncode == 2
+    assert "nodes" in r.stderr and "positive integer" in r.stderr
+
+
+def test_cluster_up_without_slurm_says_what_is_missing(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to reach the missing-binaries check")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = _cli("cluster", "up", "--dir", str(tmp_path / "c"), env={"PATH": str(empty)})
+    assert r.returncode == 2
+    assert "missing" in r.stderr and "sinfo" in r.stderr and "apt-get install" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "c" / "run" / "slurmctld.pid").exists()
+
+
+def test_cluster_up_as_non_root_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The venv's interpreter lives under /root here, so another user cannot even start it;
+    # the uid seen by the check is the one thing replaced.
+    from click.testing import CliRunner
+
+    from fthsdp_cli.main import cli
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = CliRunner().invoke(cli, ["cluster", "up", "--dir", str(tmp_path / "c")])
+    assert r.exit_code == 2
+    assert "must run as root" in r.output
+    assert not (tmp_path / "c").exists()
+
+
+def _free_block(n: int) -> int:
+    return devcluster.free_port_block(n, start=23000 + (os.getpid() % 100) * 10)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(tmp_path: Path) -> None:
+    from tests.conftest import _require_slurm
+
+    _require_slurm()
+    base = _free_block(6)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", base + 2))
+        blocker.listen()
+        r = _cli(
+            "cluster",
+            "up",
+            "--dir",
+            str(tmp_path),
+            "--nodes",
+            "2",
+            "--port",
+            str(base),
+            "--slurmd-port",
+            str(base + 1),
+        )
+    assert r.returncode == 2
+    assert str(base + 2) in r.stderr and "in use" in r.stderr
+    assert not devcluster.live_daemons(DevClusterConfig(directory=tmp_path, nodes=2))
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_cluster_up_status_down_twice_in_a_row(tmp_path: Path) -> None:
+    from tests.conftest import _require_slurm
+
+    _require_slurm()
+    base = _free_block(4)
+    ports = ["--port", str(base), "--slurmd-port", str(base + 1)]
+    cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
+    try:
+        for _ in range(2):
+            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
+            assert up.returncode == 0, up.stderr
+            assert up.stdout.strip() == f"export SLURM_CONF={tmp_path}/etc/slurm.conf"
+            again = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
+            assert again.returncode == 2 and "already runs a cluster" in again.stderr
+            st = _cli("cluster", "status", "--dir", str(tmp_path), "--json")
+            assert st.returncode == 0, st.stderr
+            assert '"node1": "idle"' in st.stdout and '"node2": "idle"' in st.stdout
+            down = _cli("cluster", "down", "--dir", str(tmp_path))
+            assert down.returncode == 0 and "slurmctld" in down.stdout
+            assert not devcluster.live_daemons(cfg)
+            assert _cli("cluster", "status", "--dir", str(tmp_path)).returncode == 1
+    finally:
+        devcluster.down(cfg)
+
+
+HET_JOB = """#!/bin/bash
+#SBATCH --job-name=het-check
+#SBATCH --output={out}/slurm-%j.out
+#SBATCH --nodes=2 --gres=gpu:h100:2 --switches=1@00:00:30
+#SBATCH hetjob
+#SBATCH --nodes=2 --switches=1@00:00:30
+{{
+  echo "SLURM_HET_SIZE=$SLURM_HET_SIZE"
+  echo "G0=$SLURM_JOB_NODELIST_HET_GROUP_0"
+  echo "G1=$SLURM_JOB_NODELIST_HET_GROUP_1"
+  srun --het-group=0 bash -c 'echo "STEP0=$SLURMD_NODENAME"'
+}} > {out}/result.txt
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+def test_het_job_components_each_land_under_one_switch(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    script = tmp_path / "het.sh"
+    script.write_text(HET_JOB.format(out=tmp_path))
+    r = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        capture_output=True,
+        text=True,
+        env=slurm_cluster.env(),
+        timeout=30,
+        check=True,
+    )
+    job_id = r.stdout.strip().split(";")[0]
+    result = tmp_path / "result.txt"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        q = subprocess.run(
+            ["squeue", "-h", "-j", job_id],
+            capture_output=True,
+            text=True,
+            env=slurm_cluster.env(),
+            timeout=30,
+        )
+        if result.exists() and not q.stdout.strip():
+            break
+        time.sleep(0.5)
+    text = result.read_text()
+    values = dict(line.split("=", 1) for line in text.split())
+    assert values["SLURM_HET_SIZE"] == "2"
+    switch_of = {n: s for s, ns in slurm_cluster.switches.items() for n in ns}
+    for group in ("G0", "G1"):
+        nodes = hostlist.expand_hostlist(values[group])
+        assert len(nodes) == 2
+        assert len({switch_of[n] for n in nodes}) == 1, f"{group}={nodes} spans switches"
+    assert set(hostlist.expand_hostlist(values["G0"])).isdisjoint(
+        hostlist.expand_hostlist(values["G1"])
+    )

@@ -1,0 +1,86 @@
+"""The simulator's closed forms against the textbook's worked numbers (ml-systems vol. 2, ch. 7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.sim.analytic import cluster_mtbf_hours, power_law_interpolate, young_daly_interval_s
+from runtime.sim.params import PRESETS
+from slurm.errors import InputError
+
+
+@pytest.mark.parametrize(
+    ("gpu_mtbf_h", "gpus", "expected_h"),
+    [
+        (50_000, 8, 6_250),  # table 7.1
+        (50_000, 64, 781.25),
+        (50_000, 1_000, 50),
+        (50_000, 10_000, 5),
+        (50_000, 25_000, 2),
+    ],
+)
+def test_cluster_mtbf_is_component_mtbf_over_n(
+    gpu_mtbf_h: float, gpus: int, expected_h: float
+) -> None:
+    assert cluster_mtbf_hours(gpu_mtbf_h, gpus) == pytest.approx(expected_h)
+
+
+@pytest.mark.parametrize(
+    ("write_s", "mtbf_s", "expected_s", "tol_s"),
+    [
+        (37, 3.69 * 3600, 991.4, 1.0),  # worked example: 10,000 GPUs, 3.69 h, 37 s -> ~991 s
+        (15 * 60, 5 * 3600, 1.6 * 3600, 0.05 * 3600),  # figure 7.3: ~1.6 h
+        (150, 2 * 3600, 24 * 60, 60),  # figure 7.25: ~24 min
+        (0, 1000, 0.0, 0.0),
+    ],
+)
+def test_young_daly_interval(
+    write_s: float, mtbf_s: float, expected_s: float, tol_s: float
+) -> None:
+    assert young_daly_interval_s(write_s, mtbf_s) == pytest.approx(expected_s, abs=tol_s)
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: cluster_mtbf_hours(0, 8), "component_mtbf_hours"),
+        (lambda: cluster_mtbf_hours(50_000, 0), "components"),
+        (lambda: young_daly_interval_s(-1, 100), "checkpoint_write_s"),
+        (lambda: young_daly_interval_s(10, 0), "mtbf_s"),
+        (lambda: power_law_interpolate(0, ((1, 1.0), (2, 2.0))), "gpus"),
+    ],
+)
+def test_bad_analytic_inputs_name_the_field(call: object, field: str) -> None:
+    with pytest.raises(InputError) as err:
+        call()  # type: ignore[operator]
+    assert err.value.field == field
+
+
+def test_nccl_init_passes_through_the_paper_anchors_and_stays_positive_below() -> None:
+    p = PRESETS["paper-100k"]
+    assert p.nccl_init_s(16_384) == pytest.approx(17.0)
+    assert p.nccl_init_s(98_304) == pytest.approx(200.0)
+    sizes = [1_024, 8_192, 16_384, 32_768, 65_536, 98_304]
+    costs = [p.nccl_init_s(n) for n in sizes]
+    assert all(c > 0 for c in costs)
+    assert costs == sorted(costs)
+    assert 17.0 < p.nccl_init_s(49_152) < 200.0
+
+
+def test_paper_preset_failure_rate_is_one_every_18_minutes() -> None:
+    p = PRESETS["paper-100k"]
+    assert p.job_mtbf_s == pytest.approx(18 * 60)
+    # The rate is stored per node, so a smaller job fails proportionally less often.
+    assert p.with_changes(gpus=49_152, replicas=6).job_mtbf_s == pytest.approx(36 * 60)
+
+
+def test_young_daly_interval_per_mode() -> None:
+    p = PRESETS["paper-100k"]
+    # Synchronous: every failure loses the state -> Young/Daly with the job MTBF.
+    assert p.checkpoint_interval_for(1) == pytest.approx(math.sqrt(2 * 20 * 18 * 60))
+    # FT-HSDP: the state is lost only when every replica is out at once -> far longer interval.
+    assert p.checkpoint_interval_for(12) > 100 * p.checkpoint_interval_for(1)
+    assert p.with_changes(checkpoint_interval_s=300.0).checkpoint_interval_for(12) == 300.0
+    assert p.with_changes(failures_per_1000_nodes_day=0.0).checkpoint_interval_for(1) == math.inf

@@ -1,0 +1,253 @@
+"""Submission logic without Slurm: a recording backend stands in for `CommandBackend`
+(the dev-cluster tests in test_submit_devcluster.py drive the real one)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from fthsdp_cli.commands.status import run_status
+from fthsdp_cli.main import cli
+from slurm.backend import JobInfo, NodeInfo, SlurmCommandError, versions_match
+from slurm.errors import InputError
+from slurm.run_dir import read_run
+from slurm.spec import parse_spec
+from slurm.submit import cancel_run, check_against_cluster, gpus_on_node, submit_run
+
+SPECS = Path(__file__).with_name("specs")
+
+
+class RecordingBackend:
+    """Hands out job ids, records calls, and answers queries from a table it is given."""
+
+    def __init__(self, fail_at: int | None = None, nodes: list[NodeInfo] | None = None) -> None:
+        self.submitted: list[tuple[Path, list[str]]] = []
+        self.cancelled: list[str] = []
+        self.queue: list[JobInfo] = []
+        self.fail_at = fail_at
+        self._nodes = nodes
+
+    def submit(self, script: Path, args: Sequence[str] = ()) -> str:
+        if self.fail_at is not None and len(self.submitted) == self.fail_at:
+            raise SlurmCommandError(["sbatch", str(script)], 1, "Batch job submission failed")
+        self.submitted.append((script, list(args)))
+        job_id = str(100 + len(self.submitted))
+        self.queue.append(JobInfo(job_id, script.name, "PENDING", "", 0, "None"))
+        return job_id
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        self.cancelled += list(job_ids)
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        wanted = set(job_ids)
+        return [j for j in self.queue if not wanted or j.base_id in wanted]
+
+    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        if self._nodes is None:
+            raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
+        return self._nodes
+
+    def requeue(self, job_id: str) -> None: ...
+    def release(self, job_id: str) -> None: ...
+    def drain(self, node: str, reason: str) -> bool:
+        return False
+
+    def resume(self, node: str) -> bool:
+        return False
+
+
+def spec_in(tmp_path: Path, **replicas: Any) -> Any:
+    return parse_spec(
+        {
+            "job": {"name": "u", "run_dir": str(tmp_path / "run")},
+            "replicas": {"count": 3, **replicas},
+            "train": {"command": "python t.py"},
+        }
+    )
+
+
+def test_submit_orders_jobs_and_records_them(tmp_path: Path) -> None:
+    backend = RecordingBackend()
+    record = submit_run(spec_in(tmp_path), backend)
+    run = tmp_path / "run"
+    assert [p.name for p, _ in backend.submitted] == [
+        "control.sbatch",
+        "replica-00.sbatch",
+        "replica-01.sbatch",
+        "replica-02.sbatch",
+    ]
+    assert backend.submitted[0][1] == []
+    for _, args in backend.submitted[1:]:
+        assert args == ["--dependency=after:101,singleton"]
+    assert record.control is not None and record.control.job_id == "101"
+    assert [(r.replica, r.job_id, r.job_name) for r in record.replicas] == [
+        (0, "102", "u-r00"),
+        (1, "103", "u-r01"),
+        (2, "104", "u-r02"),
+    ]
+    assert read_run(run) == record
+    spec_json = json.loads((run / "spec.json").read_text())
+    assert spec_json["replicas"]["count"] == 3
+    assert spec_json["train"]["heartbeat_timeout_s"] == 2
+    secret = run / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert len(secret.read_text().strip()) == 64
+    assert (run / "logs").is_dir()
+
+
+def test_failed_submit_cancels_what_was_submitted(tmp_path: Path) -> None:
+    backend = RecordingBackend(fail_at=2)
+    with pytest.raises(SlurmCommandError):
+        submit_run(spec_in(tmp_path), backend)
+    assert backend.cancelled == ["101", "102"]
+    assert not (tmp_path / "run" / "jobs.json").exists()
+
+
+def test_live_run_is_refused_unless_forced(tmp_path: Path) -> None:
+    backend = RecordingBackend()
+    first = submit_run(spec_in(tmp_path), backend)
+    old_secret = (tmp_path / "run" / "secret").read_text()
+    with pytest.raises(InputError) as info:
+        submit_run(spec_in(tmp_path), backend)
+    assert info.value.field == "job.run_dir"
+    assert "live run" in str(info.value) and "--force" in str(info.value)
+    # Once every job is finished the directory may be reused, with a fresh secret.
+    backend.queue = [JobInfo(j.job_id, j.job_name, "COMPLETED", "", 0, "None") for j in first.jobs]
+    second = submit_run(spec_in(tmp_path), backend)
+    assert second.control is not None and second.control.job_id == "105"
+    assert (tmp_path / "run" / "secret").read_text() != old_secret
+    forced = submit_run(spec_in(tmp_path), backend, force=True)
+    assert forced.replicas[0].job_id == "110"
+
+
+def test_cancel_and_status_use_jobs_json(tmp_path: Path) -> None:
+    backend = RecordingBackend()
+    record = submit_run(spec_in(tmp_path), backend)
+    backend.queue = [
+        JobInfo("101", "u-control", "RUNNING", "node1", 0, "None"),
+        JobInfo("102", "u-r00", "RUNNING", "node1", 1, "None", het_job_id="102"),
+        JobInfo("200", "u-r00", "RUNNING", "node2", 1, "None", het_job_id="102", het_offset=1),
+        JobInfo("103", "u-r01", "PENDING", "", 0, "Dependency"),
+    ]
+    status = run_status(tmp_path / "run", backend)
+    rows = {(r["role"], r["replica"]): r for r in status["jobs"]}
+    assert rows[("replica", 0)]["nodes"] == ["node1", "node2"]
+    assert rows[("replica", 0)]["restarts"] == 1
+    assert rows[("replica", 1)]["state"] == "PENDING"
+    assert rows[("replica", 2)]["state"] == "GONE"
+    assert rows[("control", None)]["state"] == "RUNNING"
+    json.dumps(status)  # plain data
+    assert cancel_run(record, backend) == ["102", "103", "104", "101"]
+
+
+def node(name: str, gres: str, partitions: tuple[str, ...] = ("gpu",)) -> NodeInfo:
+    return NodeInfo(name=name, state="idle", gres=gres, partitions=partitions)
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpu_type", "expected"),
+    [
+        ("gpu:h100:8", None, 8),
+        ("gpu:h100:8(S:0-1)", None, 8),
+        ("gpu:8", None, 8),
+        ("gpu:a100:4,gpu:h100:4", "h100", 4),
+        ("gpu:a100:4,gpu:h100:4", None, 8),
+        ("gpu:h100:8", "a100", 0),
+        ("(null)", None, 0),
+        ("", None, 0),
+    ],
+)
+def test_gpus_on_node(gres: str, gpu_type: str | None, expected: int) -> None:
+    assert gpus_on_node(gres, gpu_type) == expected
+
+
+def test_gpu_request_checked_against_partition(tmp_path: Path) -> None:
+    nodes = [node("n1", "gpu:h100:8"), node("c1", "gpu:h100:16", ("cpu",))]
+    check_against_cluster(spec_in(tmp_path, gpus_per_node=8, partition="gpu"), nodes)
+    with pytest.raises(InputError) as info:
+        check_against_cluster(spec_in(tmp_path, gpus_per_node=9, partition="gpu"), nodes)
+    assert info.value.field == "replicas.gpus_per_node"
+    assert "at most 8 GPUs per node in partition gpu" in str(info.value)
+    with pytest.raises(InputError, match="of type a100"):
+        check_against_cluster(
+            spec_in(tmp_path, gpus_per_node=1, gpu_type="a100", partition="gpu"), nodes
+        )
+    # submit runs the check when Slurm answers, and skips it when it does not.
+    with pytest.raises(InputError):
+        submit_run(
+            spec_in(tmp_path, gpus_per_node=9, partition="gpu"), RecordingBackend(nodes=nodes)
+        )
+    submit_run(spec_in(tmp_path, gpus_per_node=9, partition="gpu"), RecordingBackend())
+
+
+@pytest.mark.parametrize(
+    ("pyslurm", "slurm", "ok"),
+    [
+        ("23.2.2", "slurm 23.02.7", True),
+        ("25.11.0", "slurm 25.11.1", True),
+        ("25.11.0", "slurm 22.05.8", False),
+        ("", "slurm 22.05.8", False),
+    ],
+)
+def test_pyslurm_version_match(pyslurm: str, slurm: str, ok: bool) -> None:
+    assert versions_match(pyslurm, slurm) is ok
+
+
+def test_default_backend_without_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm.backend import CommandBackend, default_backend, pyslurm_usable
+
+    monkeypatch.setenv("FTHSDP_BACKEND", "pyslurm")
+    if not pyslurm_usable():
+        assert isinstance(default_backend(), CommandBackend)
+        assert type(default_backend()) is CommandBackend
+
+
+def test_cli_render_prints_every_script(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(cli, ["render", str(SPECS / "helper.toml")])
+    assert r.exit_code == 0, r.output
+    headers = [line for line in r.output.splitlines() if line.startswith("# ==> ")]
+    assert headers == [
+        "# ==> control.sbatch <==",
+        "# ==> replica-00.sbatch <==",
+        "# ==> replica-01.sbatch <==",
+        "# ==> replica-02.sbatch <==",
+    ]
+    r = runner.invoke(
+        cli, ["render", str(SPECS / "helper.toml"), "--replica", "1", "--out", str(tmp_path)]
+    )
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-01.sbatch"]
+    r = runner.invoke(
+        cli, ["submit", str(SPECS / "cpu.toml"), "--dry-run", "--set", "replicas.count=3"]
+    )
+    assert r.exit_code == 0 and r.output.count("# ==> replica-") == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "replicas.count=0"], "replicas.count: got 0; must be an integer >= 1"),
+        (["--set", "replicas.cuont=2"], "did you mean 'count'"),
+        (["--set", "job.name=a;b"], "job.name: got 'a;b'"),
+        (["--replica", "7"], "--replica: got 7; a replica id in 0..1"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
+    r = CliRunner().invoke(cli, ["render", str(SPECS / "cpu.toml"), *args])
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_cli_status_and_cancel_on_missing_run(tmp_path: Path) -> None:
+    for command in ("status", "cancel"):
+        r = CliRunner().invoke(cli, [command, str(tmp_path)])
+        assert r.exit_code == 2
+        assert "RUN_DIR" in r.output and "jobs.json" in r.output
