@@ -32,10 +32,14 @@ with open(state_path + ".lock", "w") as lock:
     if name == "squeue":
         ids = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--jobs=")]
         want = set(ids[0]) if ids else set(state["jobs"])
+        if "-o" in args:  # text form: one %T state per job
+            print("\n".join(v["state"] for j, v in state["jobs"].items() if j in want))
+            want = set()
         jobs = [dict(job_id=int(j), name="r", job_state=v["state"], nodes=v["nodes"],
                      restart_cnt=v["restarts"], state_reason="", het_job_id=0, het_job_offset=0)
                 for j, v in state["jobs"].items() if j in want]
-        print(json.dumps({"jobs": jobs}))
+        if "-o" not in args:
+            print(json.dumps({"jobs": jobs}))
     elif name == "sinfo":
         print(json.dumps({"nodes": [dict(name=n, state=v["state"], state_flags=v["flags"],
                                          reason=v["reason"]) for n, v in state["nodes"].items()]}))

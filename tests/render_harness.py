@@ -18,6 +18,17 @@ mv "$tmp" "$FTHSDP_TEST_OUT/call-$$"
 """
 
 
+# A PATH shim that stands in for the replica supervisor (`python -m fthsdp_cli replica ... --
+# srun ...`): it records its argv and runs what follows `--`.
+PYTHON_SHIM = """#!/bin/bash
+printf '%s\\0' "$@" > "$FTHSDP_TEST_OUT/py-args"
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done
+[ $# -gt 0 ] || exit 0
+shift
+exec "$@"
+"""
+
+
 def sbatch_components(text: str) -> list[dict[str, str | None]]:
     """The #SBATCH options of each het component, as sbatch reads them (quotes removed)."""
     comps: list[dict[str, str | None]] = [{}]
@@ -39,6 +50,9 @@ def run_body(script: Path, workdir: Path, dump: list[str]) -> subprocess.Complet
     shim.mkdir(exist_ok=True)
     (shim / "srun").write_text(SRUN_SHIM)
     (shim / "srun").chmod(0o755)
+    if not (shim / "python").exists():  # a test may bring its own
+        (shim / "python").write_text(PYTHON_SHIM)
+        (shim / "python").chmod(0o755)
     env = {
         "PATH": f"{shim}:/usr/bin:/bin",
         "HOME": str(workdir),

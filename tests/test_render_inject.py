@@ -50,15 +50,8 @@ def hostile_spec(tmp_path: Path, helper: bool) -> tuple[Any, dict[str, str]]:
 def test_hostile_env_and_commands_render_inert(tmp_path: Path, helper: bool) -> None:
     spec, values = hostile_spec(tmp_path, helper)
     paths = write_scripts(render_run(spec, [1], control=False), tmp_path / "scripts")
-    # The trainer srun runs under `python -m fthsdp_cli replica ... -- srun ...`: stub the
-    # supervisor by running what follows `--`.
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "python").write_text(
-        '#!/bin/bash\nprintf "%s\\0" "$@" > "$FTHSDP_TEST_OUT/py-args"\n'
-        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n'
-    )
-    (shim / "python").chmod(0o755)
+    # The trainer srun runs under `python -m fthsdp_cli replica ... -- srun ...`; the harness's
+    # python stub records the supervisor's argv and runs the srun after `--`.
     r = run_body(paths[0], tmp_path, dump=[*values, "FTHSDP_REPLICA_ID", "FTHSDP_RUN_DIR"])
     assert r.returncode == 0, r.stderr
     pwned = sorted(p.name for p in tmp_path.glob("pwned*"))
