@@ -1,0 +1,484 @@
+"""Straggler detection and the evict-or-tolerate decision, as pure functions over plain data.
+
+In FT-HSDP every step waits for the slowest participating replica, so one replica on a thermally
+throttled GPU or a degraded link slows the whole run without ever failing: a gray failure. The
+textbook's rule is to treat a severe straggler as a hard failure once the time it costs exceeds
+what a recovery costs; per-replica requeue makes that recovery cheap (the other replicas keep
+training), so evicting a straggler is often the right call. This module decides *when*.
+
+Detection (`observe`) compares each replica's own compute time per step (forward, backward and
+the local reduce-scatter, without the cross-replica wait, so a replica waiting for the straggler
+does not look slow itself) with the median of the other replicas' latest compute times. A replica
+becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
+sustained window (`window_steps` steps or `window_s` seconds, whichever comes first) with at
+least `min_fraction_above` of the episode's samples at or above `factor`. Hysteresis in level
+and time: an episode survives ratios down to `clear_factor`, and ends only after
+`clear_samples` consecutive samples below it; a flagged straggler is cleared the same way.
+Several guards keep bad data from ever triggering:
+
+* only monotonic receive times are used (the report's wall-clock `sent_at` is ignored); time that
+  runs backwards, or a gap between two samples longer than `max_gap_s`, restarts the episode;
+* samples without a compute time, peers whose latest sample is older than `max_age_s`, and too
+  few peers (`min_peers`) count as no evidence at all;
+* healing (catch-up) steps are ignored, for the replica itself and as a peer, and so are the
+  first `ignore_after_heal_steps` steps after healing or after a new incarnation (warm-up);
+* a duplicate or late (reordered) report, one whose step is not past the replica's latest, is
+  dropped.
+
+The slow *node* is the node of the replica's slowest rank: ranks are laid out in blocks over the
+replica's nodes (Slurm's default block distribution), `tasks_per_node` ranks on each.
+
+The decision (`decide`) evicts only when the measured run-wide slowdown times the expected
+remaining time exceeds the measured cost of a requeue (the median of this run's own past
+requeues, else the configured estimate); within a per-run cap; never when that would leave fewer
+than `min_replicas` participating, or while another eviction is still in flight. An eviction is
+the control plane's tier-2 path (requeue the replica's job) with the drain reason
+`fthsdp: straggler: <node> <factor>x`, or with the node only excluded for this run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from slurm.backend import drain_reason
+
+VerdictState = Literal["ok", "suspect", "straggler"]
+EvictionMode = Literal["drain", "exclude", "report"]
+DecisionAction = Literal["evict", "report"]
+
+#: Ratios kept per episode (the median is taken over these); bounds memory on long episodes.
+_MAX_EPISODE_RATIOS = 512
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Detection thresholds. Defaults follow issue 8: 1.5x for 50 steps or 5 minutes."""
+
+    factor: float = 1.5
+    clear_factor: float = 1.25
+    window_steps: int = 50
+    window_s: float = 300.0
+    #: The time-based window also needs this many samples (a few slow reports are not a trend).
+    min_window_samples: int = 5
+    #: Share of an episode's samples that must be at or above `factor` for it to count: robust
+    #: both to one huge outlier and to a ratio that flaps around the threshold.
+    min_fraction_above: float = 0.75
+    #: Consecutive samples below `clear_factor` that end an episode or clear a straggler.
+    clear_samples: int = 3
+    #: A peer's latest sample older than this (monotonic seconds) is not used for the median.
+    max_age_s: float = 120.0
+    #: Two samples of one replica further apart than this break its episode (missing data).
+    max_gap_s: float = 120.0
+    min_peers: int = 1
+    ignore_after_heal_steps: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1.0:
+            raise ValueError(f"factor must be > 1, got {self.factor}")
+        if not 1.0 <= self.clear_factor <= self.factor:
+            raise ValueError(f"clear_factor must be in [1, factor], got {self.clear_factor}")
+        if self.window_steps < 1 or self.window_s <= 0 or self.clear_samples < 1:
+            raise ValueError("window_steps, window_s and clear_samples must be positive")
+
+
+@dataclass(frozen=True)
+class TimingSample:
+    """The timing part of one leader report, stamped with the coordinator's monotonic clock."""
+
+    replica: int
+    step: int
+    received_at: float
+    compute_s: float | None
+    incarnation: str = ""
+    healing: bool = False
+    step_time_s: float | None = None
+    allreduce_wait_s: float | None = None
+    nodes: tuple[str, ...] = ()
+    rank_compute_s: tuple[float, ...] = ()
+    tasks_per_node: int | None = None
+
+    @classmethod
+    def from_report(cls, report: Any, received_at: float) -> TimingSample:
+        """From a `runtime.control.report.ReplicaReport` (duck-typed to stay import-light)."""
+        return cls(
+            replica=report.replica,
+            step=report.step,
+            received_at=received_at,
+            compute_s=report.compute_s,
+            incarnation=report.incarnation,
+            healing=report.healing,
+            step_time_s=report.step_time_s,
+            allreduce_wait_s=report.allreduce_wait_s,
+            nodes=tuple(report.nodes),
+            rank_compute_s=tuple(report.rank_compute_s),
+        )
+
+    @property
+    def usable(self) -> bool:
+        c = self.compute_s
+        return not self.healing and c is not None and c > 0 and c == c and c != float("inf")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A run of samples in which the replica was slower than `clear_factor` x its peers."""
+
+    start_step: int
+    start_t: float
+    last_step: int
+    last_t: float
+    ratios: tuple[float, ...]
+    below: int = 0  # consecutive samples below clear_factor
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    def fraction_above(self, factor: float) -> float:
+        return sum(r >= factor for r in self.ratios) / len(self.ratios)
+
+
+@dataclass(frozen=True)
+class ReplicaTrack:
+    latest: TimingSample
+    episode: Episode | None = None
+    flagged: bool = False
+    #: Samples up to and including this step are warm-up after healing or a new incarnation.
+    ignore_until_step: int = -1
+    last_ratio: float | None = None
+    peer_median_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DetectorState:
+    tracks: Mapping[int, ReplicaTrack] = field(default_factory=dict)
+    #: The latest monotonic time seen; a smaller `received_at` later means the clock jumped back.
+    clock: float = float("-inf")
+
+
+@dataclass(frozen=True)
+class StragglerVerdict:
+    replica: int
+    state: VerdictState
+    #: Median of the replica's compute time / the median of its peers over the episode.
+    factor: float | None = None
+    compute_s: float | None = None
+    peer_median_s: float | None = None
+    since_step: int | None = None
+    duration_s: float | None = None
+    steps: int | None = None
+    slow_rank: int | None = None
+    slow_node: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "state": self.state,
+            "factor": None if self.factor is None else round(self.factor, 3),
+            "compute_s": self.compute_s,
+            "peer_median_s": self.peer_median_s,
+            "since_step": self.since_step,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+            "steps": self.steps,
+            "slow_rank": self.slow_rank,
+            "slow_node": self.slow_node,
+        }
+
+
+def slowest_rank_node(
+    nodes: Sequence[str], rank_compute_s: Sequence[float], tasks_per_node: int | None = None
+) -> tuple[int | None, str | None]:
+    """(slowest rank, its node) under block distribution; node None when the layout is unknown.
+
+    A one-node replica's slow node is that node even without per-rank times.
+    """
+    rank: int | None = None
+    if rank_compute_s:
+        rank = max(range(len(rank_compute_s)), key=lambda r: rank_compute_s[r])
+    if len(nodes) == 1:
+        return rank, nodes[0]
+    if rank is None or not nodes:
+        return rank, None
+    per_node = tasks_per_node
+    if per_node is None:
+        if len(rank_compute_s) % len(nodes):
+            return rank, None
+        per_node = len(rank_compute_s) // len(nodes)
+    index = rank // per_node if per_node > 0 else len(nodes)
+    return rank, nodes[index] if index < len(nodes) else None
+
+
+def _peer_median(
+    tracks: Mapping[int, ReplicaTrack], replica: int, now: float, config: StragglerConfig
+) -> float | None:
+    peers = [
+        t.latest.compute_s
+        for r, t in tracks.items()
+        if r != replica
+        and t.latest.usable
+        and t.latest.step > t.ignore_until_step
+        and 0 <= now - t.latest.received_at <= config.max_age_s
+        and t.latest.compute_s is not None
+    ]
+    if len(peers) < config.min_peers:
+        return None
+    return statistics.median(peers)
+
+
+def _sustained(ep: Episode, config: StragglerConfig) -> bool:
+    if ep.fraction_above(config.factor) < config.min_fraction_above:
+        return False
+    if ep.last_step - ep.start_step >= config.window_steps:
+        return True
+    return ep.last_t - ep.start_t >= config.window_s and len(ep.ratios) >= config.min_window_samples
+
+
+def _advance(
+    track: ReplicaTrack, sample: TimingSample, ratio: float, config: StragglerConfig
+) -> ReplicaTrack:
+    """Move one replica's episode and flag by one usable sample with a known ratio."""
+    ep = track.episode
+    if ep is not None and sample.received_at - ep.last_t > config.max_gap_s:
+        ep = None  # missing data: the trend is not known to have held through the gap
+    flagged = track.flagged
+    if ratio >= config.clear_factor:
+        if ep is None:
+            if ratio >= config.factor:
+                ep = Episode(
+                    sample.step, sample.received_at, sample.step, sample.received_at, (ratio,)
+                )
+        else:
+            ratios = (*ep.ratios, ratio)[-_MAX_EPISODE_RATIOS:]
+            ep = replace(
+                ep, last_step=sample.step, last_t=sample.received_at, ratios=ratios, below=0
+            )
+    elif ep is not None:
+        below = ep.below + 1
+        ep = (
+            None
+            if below >= config.clear_samples
+            else replace(ep, last_step=sample.step, last_t=sample.received_at, below=below)
+        )
+    if ep is None:
+        flagged = False
+    elif not flagged and _sustained(ep, config):
+        flagged = True
+    return replace(track, latest=sample, episode=ep, flagged=flagged, last_ratio=ratio)
+
+
+def observe(
+    state: DetectorState, sample: TimingSample, config: StragglerConfig | None = None
+) -> DetectorState:
+    """Fold one sample into the detector state (returns a new state; the old one is unchanged)."""
+    config = config or StragglerConfig()
+    tracks = dict(state.tracks)
+    clock = state.clock
+    if sample.received_at < clock:
+        # The monotonic clock went backwards (e.g. the coordinator moved host): no time-based
+        # evidence survives it, and nothing may trigger from it.
+        tracks = {r: replace(t, episode=None, flagged=False) for r, t in tracks.items()}
+    clock = sample.received_at
+    old = tracks.get(sample.replica)
+    same = old is not None and old.latest.incarnation == sample.incarnation
+    if same and old is not None and sample.step <= old.latest.step:
+        # A duplicate or a late (reordered) report: nothing new, and never a trigger.
+        return DetectorState(tracks, clock)
+    if old is None or old.latest.incarnation != sample.incarnation:
+        track = ReplicaTrack(
+            latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
+        )
+        if old is None and not sample.healing:
+            track = replace(track, ignore_until_step=-1)
+        tracks[sample.replica] = track
+        return DetectorState(tracks, clock)
+    if sample.healing:
+        tracks[sample.replica] = replace(
+            old, latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
+        )
+        return DetectorState(tracks, clock)
+    if not sample.usable or sample.step <= old.ignore_until_step:
+        # No evidence either way; keep the episode (the gap rule ends it if data stays away).
+        tracks[sample.replica] = replace(old, latest=sample)
+        return DetectorState(tracks, clock)
+    median = _peer_median(tracks, sample.replica, sample.received_at, config)
+    if median is None or median <= 0:
+        tracks[sample.replica] = replace(old, latest=sample, last_ratio=None, peer_median_s=None)
+        return DetectorState(tracks, clock)
+    assert sample.compute_s is not None
+    track = _advance(old, sample, sample.compute_s / median, config)
+    tracks[sample.replica] = replace(track, peer_median_s=median)
+    return DetectorState(tracks, clock)
+
+
+def observe_all(
+    samples: Iterable[TimingSample],
+    config: StragglerConfig | None = None,
+    state: DetectorState | None = None,
+) -> DetectorState:
+    state = state or DetectorState()
+    for sample in samples:
+        state = observe(state, sample, config)
+    return state
+
+
+def verdicts(state: DetectorState) -> list[StragglerVerdict]:
+    """One verdict per known replica, by replica id."""
+    out = []
+    for replica in sorted(state.tracks):
+        t = state.tracks[replica]
+        ep = t.episode
+        if ep is None:
+            out.append(
+                StragglerVerdict(replica, "ok", t.last_ratio, t.latest.compute_s, t.peer_median_s)
+            )
+            continue
+        rank, node = slowest_rank_node(
+            t.latest.nodes, t.latest.rank_compute_s, t.latest.tasks_per_node
+        )
+        out.append(
+            StragglerVerdict(
+                replica=replica,
+                state="straggler" if t.flagged else "suspect",
+                factor=ep.median_ratio,
+                compute_s=t.latest.compute_s,
+                peer_median_s=t.peer_median_s,
+                since_step=ep.start_step,
+                duration_s=ep.last_t - ep.start_t,
+                steps=ep.last_step - ep.start_step,
+                slow_rank=rank,
+                slow_node=node,
+            )
+        )
+    return out
+
+
+def stragglers(state: DetectorState) -> list[StragglerVerdict]:
+    return [v for v in verdicts(state) if v.state == "straggler"]
+
+
+# -- decision ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    mode: EvictionMode = "drain"
+    max_evictions: int = 2
+    min_replicas: int = 1
+    #: Used until this run has measured a requeue of its own (fault -> replacement participating).
+    requeue_cost_estimate_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("drain", "exclude", "report"):
+            raise ValueError(f"mode must be drain, exclude or report, got {self.mode!r}")
+        if self.max_evictions < 0 or self.min_replicas < 1 or self.requeue_cost_estimate_s < 0:
+            raise ValueError("max_evictions >= 0, min_replicas >= 1, requeue cost >= 0")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the decision needs to know about the run right now."""
+
+    #: Replicas currently participating (training or healing; not requeued, pending or out).
+    participants: int
+    evictions_so_far: int = 0
+    #: An eviction (or any requeue) is still in flight: act on one straggler at a time.
+    eviction_in_flight: bool = False
+    #: Durations of this run's past requeues, fault -> replacement participating (seconds).
+    past_requeue_costs_s: tuple[float, ...] = ()
+    #: Steps left in the run, when the run has a step budget.
+    remaining_steps: int | None = None
+    #: The run's current step time (everyone waits for the straggler); median over replicas.
+    run_step_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StragglerDecision:
+    replica: int
+    action: DecisionAction
+    node: str | None
+    factor: float | None
+    #: Drain the node (mode "drain"); else the node is only excluded for this run.
+    drain: bool = False
+    reason: str = ""
+    why: str = ""
+    slowdown: float | None = None
+    remaining_s: float | None = None
+    gain_s: float | None = None
+    cost_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def requeue_cost(ctx: RunContext, config: EvictionConfig) -> float:
+    """The run's own measured requeue cost (median), else the configured estimate."""
+    if ctx.past_requeue_costs_s:
+        return float(statistics.median(ctx.past_requeue_costs_s))
+    return config.requeue_cost_estimate_s
+
+
+def run_slowdown(verdict: StragglerVerdict, run_step_time_s: float | None) -> float | None:
+    """Fraction by which the straggler lengthens the run's steps: (T_now - T_normal) / T_normal.
+
+    The excess is the straggler's compute time over its peers' median; `T_normal` is the run's
+    measured step time minus that excess. Without a run step time, the compute-only bound
+    (factor - 1) is used.
+    """
+    if verdict.compute_s is None or verdict.peer_median_s is None:
+        return None
+    excess = max(0.0, verdict.compute_s - verdict.peer_median_s)
+    if run_step_time_s is not None and run_step_time_s > excess:
+        return excess / (run_step_time_s - excess)
+    return excess / verdict.peer_median_s if verdict.peer_median_s > 0 else None
+
+
+def decide(
+    verdict: StragglerVerdict, ctx: RunContext, config: EvictionConfig | None = None
+) -> StragglerDecision:
+    """Evict a straggler when that pays, else report it; `verdict` must be a straggler's."""
+    config = config or EvictionConfig()
+    factor = verdict.factor
+    node = verdict.slow_node
+    base = StragglerDecision(verdict.replica, "report", node, factor)
+
+    def report(why: str, **kw: Any) -> StragglerDecision:
+        return replace(base, why=why, **kw)
+
+    if verdict.state != "straggler":
+        return report(f"not a straggler ({verdict.state})")
+    if config.mode == "report":
+        return report("eviction disabled (mode=report)")
+    if node is None:
+        return report("slow node unknown (no per-rank times or layout)")
+    if ctx.eviction_in_flight:
+        return report("another eviction or requeue is in flight")
+    if ctx.evictions_so_far >= config.max_evictions:
+        return report(f"eviction cap reached ({ctx.evictions_so_far}/{config.max_evictions})")
+    if ctx.participants - 1 < config.min_replicas:
+        return report(
+            f"evicting would leave {ctx.participants - 1} < min_replicas={config.min_replicas}"
+        )
+    slowdown = run_slowdown(verdict, ctx.run_step_time_s)
+    cost = requeue_cost(ctx, config)
+    if slowdown is None or ctx.remaining_steps is None:
+        return report("slowdown or remaining time unknown", slowdown=slowdown, cost_s=cost)
+    step_s = ctx.run_step_time_s
+    if step_s is None:
+        step_s = verdict.compute_s or 0.0
+    normal_step_s = step_s / (1.0 + slowdown)
+    remaining_s = max(0, ctx.remaining_steps) * normal_step_s
+    gain = slowdown * remaining_s
+    base = replace(base, slowdown=slowdown, remaining_s=remaining_s, gain_s=gain, cost_s=cost)
+    if gain <= cost:
+        return report(f"does not pay: {gain:.0f}s lost <= {cost:.0f}s requeue")
+    shown = factor if factor is not None else 1.0 + slowdown
+    return replace(
+        base,
+        action="evict",
+        drain=config.mode == "drain",
+        reason=drain_reason("straggler", f"{node} {shown:.1f}x"),
+        why=f"pays: {gain:.0f}s lost > {cost:.0f}s requeue",
+    )
