@@ -1,0 +1,649 @@
+"""The user's API: FT-HSDP in four calls on top of torchft and torch's `fully_shard`.
+
+    ft = FTHSDP.from_env()
+    model = ft.shard(model)                       # HSDP inside the replica
+    opt = ft.optimizer(torch.optim.AdamW(model.parameters()))
+    for batch in ft.data(dataset, batch_size=8):  # per-step quorum + data ledger
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()          # FSDP reduce-scatter, then FT allreduce
+        opt.step()                                # commit vote; optimizer steps only on "yes"
+    ft.finish()
+
+What each piece maps to (the paper's protocol, torchft's mechanism):
+
+* per-step quorum: `ft.data` starts torchft's `Manager.start_quorum` at the top of each step and
+  waits for it; the lighthouse returns the replicas at the highest step (the participants) in a
+  fixed order, which the data ledger (`runtime.ledger`) turns into this replica's samples.
+* HSDP: `fully_shard` on the replica's own 1-D mesh (the shard dimension: the ranks of one
+  replica, gloo on CPU, NCCL on CUDA). The replicate dimension is torchft's reconfigurable process
+  group: every FSDP module's all-reduce hook hands its reduce-scattered gradient shard to
+  `Manager.allreduce`, which averages over the quorum's participants and survives a peer's death
+  (the paper's FTAR). This is how torchtitan wires torchft into FSDP2.
+* commit vote: `opt.step()` calls `Manager.should_commit()`: every rank of the replica votes,
+  the replica leader's manager server decides "all yes"; on "no" nothing is stepped and the
+  replica redoes the step (it heals from a peer at the next quorum if the others moved on).
+* non-blocking catch-up: a replica behind the quorum's max step fetches the committed state from a
+  healthy peer over torchft's checkpoint transport during the step, contributes zero gradients,
+  and is in step after the commit. The state it fetches is `FTHSDP._heal_state`: local shards only
+  (a `full_tensor()` there would be a collective on the transport thread, DESIGN.md trap 1),
+  written back into the parameters' local shards (trap 2).
+* steps whose quorum max step is 0 or past the last step are data-free *sync steps*: at step 0
+  torchft heals every non-primary replica from the primary (`init_sync`) and at the end a lagging
+  replica heals from a finished one; no replica takes data or steps the optimizer there, so the
+  gradient scale and the ledger stay exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime import ledger
+from runtime.control.report import ExitCode
+from runtime.env import EnvError, WorkerEnv, parse_env
+
+log = logging.getLogger("fthsdp.runtime")
+
+#: Test hook: "REPLICA:RANK:STEP" makes that rank vote "no" once at that training step.
+INJECT_VOTE_NO_ENV = "FTHSDP_INJECT_VOTE_NO"
+
+
+class FatalWorkerError(RuntimeError):
+    """A failure the worker cannot continue from; carries the exit code for its class."""
+
+    def __init__(self, message: str, exit_code: ExitCode, evidence: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.evidence = list(evidence)
+
+
+def wait_for_lighthouse(env: WorkerEnv, deadline_s: float) -> str:
+    """Return the lighthouse URL once it accepts TCP connections; re-reads the control file.
+
+    Retries with backoff (0.1 s doubling to 2 s) and prints one message while waiting; raises
+    `FatalWorkerError(NO_QUORUM_SERVICE)` after `deadline_s`.
+    """
+    start = time.monotonic()
+    delay = 0.1
+    told = False
+    last = "no control file yet"
+    while True:
+        found = env.endpoints()
+        if found is not None:
+            parsed = urlparse(found.lighthouse)
+            host, port = parsed.hostname, parsed.port
+            if host and port:
+                try:
+                    with socket.create_connection((host, port), timeout=1.0):
+                        return found.lighthouse
+                except OSError as exc:
+                    last = f"{found.lighthouse}: {exc}"
+            else:
+                last = f"bad lighthouse address {found.lighthouse!r}"
+        if time.monotonic() - start > deadline_s:
+            raise FatalWorkerError(
+                f"quorum service unreachable after {deadline_s:.0f}s ({last})",
+                ExitCode.NO_QUORUM_SERVICE,
+            )
+        if not told:
+            print(f"fthsdp: waiting for the quorum service ({last})", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+@dataclass
+class StepPlan:
+    """What the quorum decided for this replica at the start of one step."""
+
+    step: int
+    participant: int | None
+    participants: int
+    slot: ledger.Slot | None
+    started: float
+
+
+class FTHSDP:
+    """One rank of one FT-HSDP replica. Build it with `from_env()`."""
+
+    def __init__(self, env: WorkerEnv, *, init_sync: bool = True, resume: bool = True) -> None:
+        self.env = env
+        self.init_sync = init_sync
+        self.resume = resume
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.device = (
+            torch.device("cuda", env.local_rank)
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.cursor = 0
+        self.extra_state: dict[str, Any] = {}
+        self.model: nn.Module | None = None
+        self.optim: torch.optim.Optimizer | None = None
+        self._plan: StepPlan | None = None
+        self._last_participant: int | None = None
+        self._replica_batch = 0
+        self._step_times: list[float] = []
+        self._inject = self._parse_injection()
+        self._first_quorum = True
+        self._finished = False
+        self._progress_file: Any = None
+        self._ledger_file: Any = None
+        self.reporter: Any = None
+        self.checkpointer: Any = None
+        self.watchdog: Any = None
+        self._t0 = time.time()
+
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        os.environ.update(
+            {
+                "MASTER_ADDR": env.master_addr,
+                "MASTER_PORT": str(env.master_port),
+                "RANK": str(env.rank),
+                "WORLD_SIZE": str(env.world_size),
+            }
+        )
+        lighthouse = wait_for_lighthouse(env, env.timeouts.join_s)
+        dist.init_process_group(
+            self.backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=env.timeouts.join_s),
+        )
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+        allreduce = timedelta(seconds=env.timeouts.allreduce_s)
+        pg = ProcessGroupNCCL(timeout=allreduce) if self.backend == "nccl" else None
+        self._ft_pg = pg if pg is not None else ProcessGroupGloo(timeout=allreduce)
+        self.manager = Manager(
+            pg=self._ft_pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=env.min_replicas,
+            use_async_quorum=True,
+            timeout=allreduce,
+            quorum_timeout=timedelta(seconds=env.timeouts.quorum_s),
+            connect_timeout=timedelta(seconds=env.timeouts.quorum_s),
+            rank=env.rank,
+            world_size=env.world_size,
+            store_addr=env.master_addr,
+            store_port=env.master_port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"{env.job_name}_r{env.replica_id}",
+            hostname=socket.gethostname() if env.nodes else "localhost",
+            heartbeat_interval=timedelta(seconds=min(0.1, env.timeouts.heartbeat_s / 4)),
+            init_sync=init_sync,
+        )
+        self.manager.register_state_dict_fn("fthsdp", self._load_heal_state, self._heal_state)
+        self._open_logs()
+        self._start_side_services()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> FTHSDP:
+        """Build from the environment; a bad variable exits 2 naming it, no quorum service 3."""
+        logging.basicConfig(
+            level=os.environ.get("FTHSDP_LOG_LEVEL", "WARNING"),
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        try:
+            env = parse_env(os.environ)
+        except EnvError as exc:
+            print(f"fthsdp: bad environment: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(int(ExitCode.BAD_ENV)) from None
+        try:
+            return cls(env, **kwargs)
+        except FatalWorkerError as exc:
+            print(f"fthsdp: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(int(exc.exit_code)) from None
+
+    def _parse_injection(self) -> tuple[int, int, int] | None:
+        raw = os.environ.get(INJECT_VOTE_NO_ENV)
+        if not raw:
+            return None
+        try:
+            replica, rank, step = (int(x) for x in raw.split(":"))
+        except ValueError:
+            raise EnvError(INJECT_VOTE_NO_ENV, raw, "REPLICA:RANK:STEP") from None
+        return replica, rank, step
+
+    def _open_logs(self) -> None:
+        if not self.env.is_leader:
+            return
+        for sub in ("progress", "ledger"):
+            (self.env.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        name = f"r{self.env.replica_id}.jsonl"
+        self._progress_file = open(self.env.run_dir / "progress" / name, "a", buffering=1)  # noqa: SIM115
+        self._ledger_file = open(self.env.run_dir / "ledger" / name, "a", buffering=1)  # noqa: SIM115
+        self._event("start", step=self.manager.current_step())
+
+    def _start_side_services(self) -> None:
+        from runtime.checkpoint import DurableCheckpointer
+        from runtime.reporting import ReportClient
+
+        if self.env.is_leader:
+            self.reporter = ReportClient.for_worker(self.env, self.incarnation)
+        self.checkpointer = DurableCheckpointer.for_worker(self.env)
+        if self.env.health_checks:
+            from runtime.watchdog import NodeWatchdog
+
+            self.watchdog = NodeWatchdog(self.env.health_checks, on_fault=self._node_fault)
+            self.watchdog.start()
+
+    def _event(self, event: str, **fields: Any) -> None:
+        if self._progress_file is not None:
+            record = {"t": time.time(), "event": event, "incarnation": self.incarnation, **fields}
+            self._progress_file.write(json.dumps(record) + "\n")
+
+    # ------------------------------------------------------------------ the four calls
+    def shard(self, model: nn.Module, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+        """Shard `model` with `fully_shard` inside the replica and route its gradients through
+        the fault-tolerant allreduce across replicas.
+
+        `blocks` are the submodules to shard as their own units (transformer blocks); by default
+        every direct child that holds parameters. The root is sharded last.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        model = model.to(self.device)
+        mesh = init_device_mesh(
+            self.device.type, (self.env.world_size,), mesh_dim_names=("shard",)
+        )
+        units = (
+            list(blocks)
+            if blocks is not None
+            else [m for m in model.children() if any(True for _ in m.parameters())]
+        )
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        manager = self.manager
+
+        def all_reduce_hook(grad: torch.Tensor) -> None:
+            manager.allreduce(grad).wait()
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(all_reduce_hook)
+        self.model = model
+        return model
+
+    def optimizer(self, optim: torch.optim.Optimizer) -> FTOptimizer:
+        """Wrap an optimizer: `step()` runs only if the replica's commit vote passes."""
+        self.optim = optim
+        if self.resume and self.checkpointer is not None and self.model is not None:
+            self.checkpointer.maybe_restore(self)
+        return FTOptimizer(self, optim)
+
+    def data(
+        self,
+        dataset: Any,
+        batch_size: int,
+        collate: Callable[[list[Any]], Any] | None = None,
+        shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Yield this rank's batch of each step, as the data ledger assigns it.
+
+        `dataset` is map-style (`len` and `[i]`); sample id `n` of the global stream is item
+        `n % len(dataset)` of epoch `n // len(dataset)` (shuffled per epoch when
+        `shuffle_seed` is given). `batch_size` is per rank; a replica takes
+        `batch_size * ranks` samples per step.
+        """
+        from torch.utils.data import default_collate
+
+        self._replica_batch = batch_size * self.env.world_size
+        collate_fn = collate or default_collate
+        n = len(dataset)
+        perms: dict[int, list[int]] = {}
+
+        def item(sample: int) -> Any:
+            epoch, offset = divmod(sample, n)
+            if shuffle_seed is None:
+                return dataset[offset]
+            if epoch not in perms:
+                gen = torch.Generator().manual_seed(shuffle_seed + epoch)
+                perms.clear()
+                perms[epoch] = torch.randperm(n, generator=gen).tolist()
+            return dataset[perms[epoch][offset]]
+
+        while True:
+            plan = self._begin_step()
+            if plan is None:
+                return
+            slot = plan.slot or ledger.Slot(self.cursor, self.cursor + self._replica_batch)
+            mine = slot.rank_slice(self.env.rank, self.env.world_size)
+            batch = collate_fn([item(i) for i in mine.ids()])
+            yield _to_device(batch, self.device)
+
+    # ------------------------------------------------------------------ the step protocol
+    @property
+    def step(self) -> int:
+        """Training steps committed so far (torchft's step minus the initial sync step)."""
+        return min(max(0, self.manager.current_step() - 1), self.env.steps)
+
+    def _quorum(self) -> None:
+        timeout = self.env.timeouts.join_s if self._first_quorum else self.env.timeouts.quorum_s
+        self.manager.start_quorum(timeout=timedelta(seconds=timeout))
+        try:
+            self.manager.wait_quorum()
+        except Exception as exc:
+            raise FatalWorkerError(
+                f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)]
+            ) from exc
+        if self._first_quorum:
+            self._first_quorum = False
+            self._event("joined", step=self.manager.current_step())
+
+    def _sync_step(self, reason: str) -> bool:
+        """A data-free step: apply a pending heal, vote, step nothing. True if committed."""
+        ok = self.manager.should_commit()
+        self._event("sync", reason=reason, committed=ok, step=self.manager.current_step())
+        return ok
+
+    def _begin_step(self) -> StepPlan | None:
+        """Quorum for the next step; None when training is over."""
+        if self._finished:
+            return None
+        while True:
+            self._check_watchdog()
+            self._quorum()
+            max_step = self.manager.current_step()
+            if max_step == 0:
+                self._sync_step("init")
+                continue
+            if max_step - 1 >= self.env.steps:
+                self._sync_step("final")
+                self._finished = True
+                return None
+            participating = self.manager.is_participating()
+            participant = self.manager.participating_rank() if participating else None
+            k = self.manager.num_participants()
+            self._plan = StepPlan(
+                step=max_step - 1,
+                participant=participant,
+                participants=k,
+                slot=ledger.assign(self.cursor, participant, k, self._replica_batch),
+                started=time.monotonic(),
+            )
+            return self._plan
+
+    def report_error(self, exc: Exception) -> None:
+        """Mark this rank's step as bad (e.g. a non-finite loss): the replica votes "no"."""
+        self.manager.report_error(exc)
+
+    def _commit(self) -> bool:
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("opt.step() outside a step: iterate ft.data(...) around it")
+        if self._inject == (self.env.replica_id, self.env.rank, plan.step):
+            self._inject = None
+            self.manager.report_error(RuntimeError("injected vote 'no' (test hook)"))
+        try:
+            ok = self.manager.should_commit()
+        except Exception as exc:
+            raise FatalWorkerError(
+                f"commit vote failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)]
+            ) from exc
+        self._plan = None
+        step_s = time.monotonic() - plan.started
+        healing = plan.participant is None
+        error = self.manager.errored()
+        if ok:
+            cursor = self.cursor  # after a heal: the peer's cursor, loaded in should_commit
+            slot = ledger.assign(cursor, plan.participant, plan.participants, self._replica_batch)
+            if self._ledger_file is not None:
+                rec = ledger.LedgerRecord(
+                    step=plan.step,
+                    replica=self.env.replica_id,
+                    cursor=cursor,
+                    participants=plan.participants,
+                    replica_batch=self._replica_batch,
+                    lo=slot.lo if slot else None,
+                    hi=slot.hi if slot else None,
+                )
+                self._ledger_file.write(rec.to_json() + "\n")
+            self.cursor = ledger.advance(cursor, plan.participants, self._replica_batch)
+            self._step_times.append(step_s)
+            self._last_participant = plan.participant
+        elif self.checkpointer is not None:
+            self.checkpointer.failures_seen += 1
+        self._event(
+            "commit" if ok else "abort",
+            step=plan.step,
+            participants=plan.participants,
+            healing=healing,
+            step_s=step_s,
+            error=str(error) if error else None,
+        )
+        if self.reporter is not None:
+            self.reporter.status(
+                step=self.step,
+                quorum_id=self.manager._quorum_id,
+                participants=plan.participants,
+                healing=healing,
+                step_time_s=step_s,
+                cursor=self.cursor,
+                last_error=str(error).splitlines()[0] if error else None,
+            )
+        return ok
+
+    def _after_commit(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.maybe_save(self, self._last_participant)
+
+    # ------------------------------------------------------------------ state
+    def _heal_state(self) -> dict[str, Any]:
+        """State a healing peer fetches: local shards only (runs on torchft's quorum thread)."""
+        from torch.distributed.tensor import DTensor
+
+        assert self.model is not None and self.optim is not None
+        params = {name: _local(p) for name, p in self.model.named_parameters()}
+        names = {p: name for name, p in self.model.named_parameters()}
+        opt_state: dict[str, dict[str, Any]] = {}
+        for p, st in self.optim.state.items():
+            opt_state[names[p]] = {
+                k: (("d", v.to_local()) if isinstance(v, DTensor) else ("t", v))
+                for k, v in st.items()
+            }
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
+        return {
+            "params": params,
+            "optim": opt_state,
+            "groups": groups,
+            "cursor": self.cursor,
+            "extra": dict(self.extra_state),
+        }
+
+    def _load_heal_state(self, state: dict[str, Any]) -> None:
+        """Write a peer's state into this rank's local shards (main thread, in should_commit)."""
+        from torch.distributed.tensor import DTensor
+
+        assert self.model is not None and self.optim is not None
+        with torch.no_grad():
+            by_name = dict(self.model.named_parameters())
+            for name, p in by_name.items():
+                _local(p).copy_(state["params"][name])
+            for name, st in state["optim"].items():
+                p = by_name[name]
+                new: dict[str, Any] = {}
+                for k, (kind, v) in st.items():
+                    v = v.to(self.device)
+                    if kind == "d" and isinstance(p, DTensor):
+                        new[k] = DTensor.from_local(
+                            v.clone(), p.device_mesh, p.placements, run_check=False,
+                            shape=p.shape, stride=p.stride(),
+                        )
+                    else:
+                        new[k] = v.clone()
+                self.optim.state[p] = new
+            for group, saved in zip(self.optim.param_groups, state["groups"], strict=True):
+                group.update(saved)
+        self.cursor = int(state["cursor"])
+        self.extra_state.clear()
+        self.extra_state.update(state["extra"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Durable state (DTensor shards + ledger cursor + extra state) for DCP."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        assert self.model is not None and self.optim is not None
+        model_sd, optim_sd = get_state_dict(self.model, self.optim)
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "fthsdp": {
+                "manager_step": self.manager.current_step(),
+                "batches_committed": self.manager.batches_committed(),
+                "cursor": self.cursor,
+                "extra": dict(self.extra_state),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        assert self.model is not None and self.optim is not None
+        set_state_dict(
+            self.model, self.optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        meta = state["fthsdp"]
+        self.manager.load_state_dict(
+            {"step": int(meta["manager_step"]), "batches_committed": int(meta["batches_committed"])}
+        )
+        self.cursor = int(meta["cursor"])
+        self.extra_state.clear()
+        self.extra_state.update(meta["extra"])
+
+    # ------------------------------------------------------------------ faults and the end
+    def _node_fault(self, reason: str, evidence: list[str]) -> None:
+        """Called by the watchdog thread: report a node fault and exit NODE_FAULT."""
+        self.fatal(FatalWorkerError(reason, ExitCode.NODE_FAULT, evidence))
+
+    def _check_watchdog(self) -> None:
+        if self.watchdog is not None and self.watchdog.verdict is not None:
+            reason, evidence = self.watchdog.verdict
+            raise FatalWorkerError(reason, ExitCode.NODE_FAULT, evidence)
+
+    def fatal(self, exc: BaseException) -> None:
+        """Send the final classified report (leader) and exit with the class's code."""
+        from runtime.reporting import classify_failure
+
+        verdict = classify_failure(exc, node=self._node_name())
+        self._event("fatal", step=self.step, error=str(exc)[:500], exit_code=verdict.exit_code)
+        if self.reporter is not None:
+            self.reporter.fatal(
+                step=self.step,
+                last_error=str(exc)[:2000],
+                failure=verdict.failure,
+                failed_node=verdict.node,
+                evidence=verdict.evidence,
+                exit_code=int(verdict.exit_code),
+            )
+        print(f"fthsdp: fatal ({verdict.failure or 'user'}): {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(int(verdict.exit_code))
+
+    def _node_name(self) -> str:
+        return socket.gethostname()
+
+    def finish(self) -> None:
+        """Write this rank's final local shards, stop the side services, shut torchft down."""
+        if self.model is not None:
+            final = self.env.run_dir / "final"
+            final.mkdir(parents=True, exist_ok=True)
+            shards = {n: _local(p).detach().cpu().clone() for n, p in self.model.named_parameters()}
+            path = final / f"r{self.env.replica_id}_rank{self.env.rank}.pt"
+            torch.save({"step": self.step, "cursor": self.cursor, "params": shards}, path)
+        self._event("done", step=self.step, cursor=self.cursor)
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.reporter is not None:
+            self.reporter.close()
+        self.manager.shutdown(wait=False)
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[FTHSDP]:
+        """`with ft.running():` turns any escaping exception into a classified fatal exit."""
+        try:
+            yield self
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            self.fatal(exc)
+        self.finish()
+
+
+class FTOptimizer:
+    """The user's optimizer behind the replica's commit vote (see `FTHSDP.optimizer`)."""
+
+    def __init__(self, ft: FTHSDP, optim: torch.optim.Optimizer) -> None:
+        self.ft = ft
+        self.optim = optim
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optim.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> bool:
+        """Vote; step the optimizer only if every rank of the replica voted yes. Returns that."""
+        ok = self.ft._commit()
+        if ok:
+            self.optim.step()
+            self.ft._after_commit()
+        return ok
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def list_final_shards(run_dir: Path) -> dict[int, dict[int, Path]]:
+    """replica -> rank -> final shard file, as written by `FTHSDP.finish`."""
+    out: dict[int, dict[int, Path]] = {}
+    for path in sorted((run_dir / "final").glob("r*_rank*.pt")):
+        replica, rank = path.stem[1:].split("_rank")
+        out.setdefault(int(replica), {})[int(rank)] = path
+    return out

@@ -1,0 +1,259 @@
+"""The environment contract between a replica's launcher and its worker processes.
+
+The sbatch scripts (under Slurm) and the local launcher (`runtime.local_launcher`) both start the
+worker with the same `FTHSDP_*` variables; the worker's ranks come from torchrun-style
+`RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when those are set, else from
+`SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` with the replica's first node as the rendezvous host
+and a port derived from the job id. Parsing is pure (a mapping in, a `WorkerEnv` out) so it is
+tested by tables; a missing or inconsistent variable raises `EnvError` naming it, which the
+worker turns into one line and exit code 2 (`ExitCode.BAD_ENV`).
+
+The control file (`run_dir/control.json`: `{"lighthouse": ..., "coordinator": ...}`) is re-read
+whenever the lighthouse or the coordinator is unreachable, because the control job can be
+requeued onto another host.
+
+Timeouts must be ordered heartbeat < allreduce < quorum < join: a dead peer is noticed by the
+lighthouse (heartbeat) before a collective gives up on it (allreduce), a quorum waits longer than
+one failed collective, and a replica's first quorum waits longest of all, for peers to start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Default timeouts (seconds), also the spec's `[train]` defaults.
+DEFAULT_HEARTBEAT_S = 2.0
+DEFAULT_ALLREDUCE_S = 5.0
+DEFAULT_QUORUM_S = 10.0
+DEFAULT_JOIN_S = 60.0
+#: Base of the rendezvous port derived from a Slurm job id.
+SLURM_PORT_BASE = 20000
+SLURM_PORT_SPAN = 20000
+KNOWN_HEALTH_CHECKS = ("xid", "gpu-count", "ecc")
+
+
+class EnvError(ValueError):
+    """A worker environment variable is missing or inconsistent."""
+
+    def __init__(self, variable: str, value: str | None, allowed: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed
+        shown = "unset" if value is None else repr(value)
+        super().__init__(f"{variable}: {shown}; {allowed}")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    allreduce_s: float = DEFAULT_ALLREDUCE_S
+    quorum_s: float = DEFAULT_QUORUM_S
+    join_s: float = DEFAULT_JOIN_S
+
+    def problem(self) -> str | None:
+        """Why the ordering heartbeat < allreduce < quorum < join is violated (None if it holds)."""
+        order = [
+            ("heartbeat", self.heartbeat_s),
+            ("allreduce", self.allreduce_s),
+            ("quorum", self.quorum_s),
+            ("join", self.join_s),
+        ]
+        for (a, va), (b, vb) in zip(order, order[1:], strict=False):
+            if not va < vb:
+                return f"{a} timeout ({va}s) must be below {b} timeout ({vb}s)"
+        if self.heartbeat_s <= 0:
+            return "timeouts must be positive"
+        return None
+
+
+@dataclass(frozen=True)
+class ControlEndpoints:
+    lighthouse: str
+    coordinator: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    run_dir: Path
+    replica_id: int
+    num_replicas: int
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    job_name: str = "fthsdp"
+    min_replicas: int = 1
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = 0.0
+    steps: int = 100
+    health_checks: tuple[str, ...] = ()
+    control_file: Path | None = None
+    static_lighthouse: str | None = None
+    slurm_job_id: str | None = None
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def is_leader(self) -> bool:
+        """Group rank 0: the replica leader that reports and votes for the replica."""
+        return self.rank == 0
+
+    def endpoints(self) -> ControlEndpoints | None:
+        """Lighthouse and coordinator, re-read from the control file on every call."""
+        if self.control_file is not None:
+            found = read_control(self.control_file)
+            if found is not None:
+                return found
+        if self.static_lighthouse:
+            return ControlEndpoints(lighthouse=self.static_lighthouse)
+        return None
+
+
+def read_control(path: Path) -> ControlEndpoints | None:
+    """The control file's endpoints, or None while it is absent or half-written."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    lighthouse = data.get("lighthouse") if isinstance(data, dict) else None
+    if not isinstance(lighthouse, str) or not lighthouse:
+        return None
+    coordinator = data.get("coordinator")
+    return ControlEndpoints(lighthouse, coordinator if isinstance(coordinator, str) else None)
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise EnvError(name, None, "required (an integer)")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise EnvError(name, raw, "must be an integer") from None
+    if value < minimum:
+        raise EnvError(name, raw, f"must be >= {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EnvError(name, raw, "must be a number of seconds") from None
+    if value < 0:
+        raise EnvError(name, raw, "must be >= 0")
+    return value
+
+
+def slurm_port(job_id: str) -> int:
+    """The replica's rendezvous port, derived from its Slurm job id (same on every node)."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+
+
+def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str, int, tuple[str, ...], str | None]:
+    job_id = env.get("SLURM_JOB_ID")
+    if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+        world = _int(env, "WORLD_SIZE", minimum=1)
+        rank = _int(env, "RANK")
+        if rank >= world:
+            raise EnvError("RANK", env["RANK"], f"must be below WORLD_SIZE={world}")
+        local = _int(env, "LOCAL_RANK", default=rank)
+        addr = env.get("MASTER_ADDR")
+        if not addr:
+            raise EnvError("MASTER_ADDR", None, "required when RANK is set")
+        port = _int(env, "MASTER_PORT", minimum=1)
+        return rank, world, local, addr, port, (), job_id
+    if env.get("SLURM_PROCID") is None:
+        raise EnvError("RANK", None, "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or run under srun")
+    world = _int(env, "SLURM_NTASKS", minimum=1)
+    rank = _int(env, "SLURM_PROCID")
+    if rank >= world:
+        raise EnvError("SLURM_PROCID", env["SLURM_PROCID"], f"must be below SLURM_NTASKS={world}")
+    local = _int(env, "SLURM_LOCALID", default=0)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise EnvError("SLURM_STEP_NODELIST", None, "required under srun (or SLURM_JOB_NODELIST)")
+    import hostlist  # python-hostlist
+
+    try:
+        nodes = tuple(hostlist.expand_hostlist(nodelist))
+    except hostlist.BadHostlist:
+        raise EnvError("SLURM_STEP_NODELIST", nodelist, "must be a Slurm hostlist") from None
+    if job_id is None:
+        raise EnvError("SLURM_JOB_ID", None, "required under srun (it fixes the rendezvous port)")
+    return rank, world, local, nodes[0], slurm_port(job_id), nodes, job_id
+
+
+def parse_env(env: Mapping[str, str]) -> WorkerEnv:
+    """Validate the worker environment; raises `EnvError` naming the first bad variable."""
+    run_dir_raw = env.get("FTHSDP_RUN_DIR")
+    if not run_dir_raw:
+        raise EnvError("FTHSDP_RUN_DIR", None, "required (the run directory)")
+    num = _int(env, "FTHSDP_NUM_REPLICAS", minimum=1)
+    replica = _int(env, "FTHSDP_REPLICA_ID")
+    if replica >= num:
+        raise EnvError(
+            "FTHSDP_REPLICA_ID", env["FTHSDP_REPLICA_ID"], f"must be below FTHSDP_NUM_REPLICAS={num}"
+        )
+    min_replicas = _int(env, "FTHSDP_MIN_REPLICAS", default=1, minimum=1)
+    if min_replicas > num:
+        raise EnvError(
+            "FTHSDP_MIN_REPLICAS", env["FTHSDP_MIN_REPLICAS"], f"must be <= {num} replicas"
+        )
+    timeouts = Timeouts(
+        heartbeat_s=_float(env, "FTHSDP_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_S),
+        allreduce_s=_float(env, "FTHSDP_ALLREDUCE_TIMEOUT_S", DEFAULT_ALLREDUCE_S),
+        quorum_s=_float(env, "FTHSDP_QUORUM_TIMEOUT_S", DEFAULT_QUORUM_S),
+        join_s=_float(env, "FTHSDP_JOIN_TIMEOUT_S", DEFAULT_JOIN_S),
+    )
+    if (why := timeouts.problem()) is not None:
+        raise EnvError("FTHSDP_ALLREDUCE_TIMEOUT_S", env.get("FTHSDP_ALLREDUCE_TIMEOUT_S"), why)
+    checks_raw = env.get("FTHSDP_HEALTH_CHECKS", "")
+    checks = tuple(c.strip() for c in checks_raw.split(",") if c.strip())
+    for check in checks:
+        if check not in KNOWN_HEALTH_CHECKS:
+            raise EnvError("FTHSDP_HEALTH_CHECKS", checks_raw, f"known: {KNOWN_HEALTH_CHECKS}")
+    rank, world, local, addr, port, nodes, job_id = _ranks(env)
+    control_raw = env.get("FTHSDP_CONTROL_FILE")
+    control = Path(control_raw) if control_raw else None
+    lighthouse = env.get("FTHSDP_LIGHTHOUSE") or env.get("TORCHFT_LIGHTHOUSE")
+    if control is None and not lighthouse:
+        raise EnvError(
+            "FTHSDP_CONTROL_FILE", None, "set it, or FTHSDP_LIGHTHOUSE / TORCHFT_LIGHTHOUSE"
+        )
+    return WorkerEnv(
+        run_dir=Path(run_dir_raw),
+        replica_id=replica,
+        num_replicas=num,
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        master_addr=addr,
+        master_port=port,
+        job_name=env.get("FTHSDP_JOB_NAME", "fthsdp"),
+        min_replicas=min_replicas,
+        timeouts=timeouts,
+        checkpoint_every_steps=_int(env, "FTHSDP_CHECKPOINT_EVERY_STEPS", default=0),
+        checkpoint_every_s=_float(env, "FTHSDP_CHECKPOINT_EVERY_S", 0.0),
+        steps=_int(env, "FTHSDP_STEPS", default=100, minimum=1),
+        health_checks=checks,
+        control_file=control,
+        static_lighthouse=lighthouse,
+        slurm_job_id=job_id,
+        nodes=nodes,
+    )
+
+
+def from_environ() -> WorkerEnv:
+    return parse_env(os.environ)

@@ -1,0 +1,238 @@
+"""The replica leader's reports to the coordinator, and how a fatal failure is classified.
+
+Group rank 0 of each replica posts signed `ReplicaReport`s to `{coordinator}/v1/reports` (the
+coordinator URL and the run secret come from the run directory). Training never waits on this:
+reports go through a bounded queue to a background thread. A 200 is accepted; a 4xx is a
+rejection that is logged and dropped (resending the same body would be rejected again); a
+connection error keeps the report in a bounded buffer and re-reads the control file, since the
+control job may have been requeued to another host. The last report, on a fatal error, is sent
+synchronously with a short timeout before the process exits.
+
+`classify_failure` is the pure part: from the exception (and what the node watchdog saw) it
+decides process fault vs node fault and the exit code, which is what the coordinator's policy and
+the replica's supervisor act on (relaunch in place vs drain the node and requeue).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.control.report import ExitCode, FailureClass, ReplicaReport, read_secret, sign
+from runtime.env import WorkerEnv
+
+log = logging.getLogger("fthsdp.reporting")
+
+#: Text in an error that points at the node's hardware, not at a process.
+NODE_FAULT_MARKERS = (
+    "xid",
+    "uncorrectable ecc",
+    "ecc error",
+    "gpu is lost",
+    "fallen off the bus",
+    "gpu-count",
+    "cuda error: unknown error",
+    "nvml",
+    "health check",
+)
+#: Text that points at a peer or a collective (the node itself is fine).
+PROCESS_FAULT_MARKERS = (
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "gloo",
+    "nccl",
+    "peer",
+    "quorum",
+    "commit vote",
+)
+
+
+@dataclass(frozen=True)
+class FailureVerdict:
+    failure: FailureClass | None
+    exit_code: ExitCode
+    node: str | None
+    evidence: list[str] = field(default_factory=list)
+
+
+def classify_text(text: str, node: str | None) -> FailureVerdict:
+    """Classify an error message alone (table-tested)."""
+    low = text.lower()
+    evidence = [line.strip() for line in text.splitlines() if line.strip()][:3]
+    if any(m in low for m in NODE_FAULT_MARKERS):
+        return FailureVerdict("node", ExitCode.NODE_FAULT, node, evidence)
+    if any(m in low for m in PROCESS_FAULT_MARKERS):
+        return FailureVerdict("process", ExitCode.PROCESS_FAULT, node, evidence)
+    return FailureVerdict(None, ExitCode.USER_ERROR, node, evidence)
+
+
+def classify_failure(exc: BaseException, node: str | None) -> FailureVerdict:
+    """Classify a fatal exception; an exit code carried by the exception wins."""
+    code = getattr(exc, "exit_code", None)
+    evidence = list(getattr(exc, "evidence", []) or [])
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(code, ExitCode):
+        failure: FailureClass | None = {
+            ExitCode.NODE_FAULT: "node",
+            ExitCode.PROCESS_FAULT: "process",
+            ExitCode.NO_QUORUM_SERVICE: "process",
+        }.get(code)
+        return FailureVerdict(failure, code, node, evidence or [text[:300]])
+    verdict = classify_text(text, node)
+    return FailureVerdict(verdict.failure, verdict.exit_code, node, evidence or verdict.evidence)
+
+
+class ReportClient:
+    """Non-blocking, signed report sender for one replica leader incarnation."""
+
+    def __init__(
+        self,
+        coordinator: Any,
+        secret: bytes,
+        replica: int,
+        incarnation: str,
+        job_id: str | None = None,
+        nodes: list[str] | None = None,
+        min_interval_s: float = 1.0,
+        buffer_size: int = 256,
+        http_timeout_s: float = 2.0,
+    ) -> None:
+        """`coordinator` is a callable returning the current base URL (or None)."""
+        self._coordinator = coordinator
+        self._secret = secret
+        self.replica = replica
+        self.incarnation = incarnation
+        self.job_id = job_id
+        self.nodes = list(nodes or [])
+        self.min_interval_s = min_interval_s
+        self.http_timeout_s = http_timeout_s
+        self._seq = 0
+        self._last_sent = 0.0
+        self._last_key: tuple[Any, ...] | None = None
+        self._queue: queue.Queue[ReplicaReport | None] = queue.Queue(maxsize=buffer_size)
+        self._backlog: collections.deque[ReplicaReport] = collections.deque(maxlen=buffer_size)
+        self.accepted = 0
+        self.rejected = 0
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="fthsdp-reports", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_worker(cls, env: WorkerEnv, incarnation: str) -> ReportClient | None:
+        """A client when the run has a control file and a secret; None (reports off) otherwise."""
+        secret_path = env.run_dir / "secret"
+        if env.control_file is None or not secret_path.exists():
+            return None
+
+        def coordinator() -> str | None:
+            found = env.endpoints()
+            return found.coordinator if found else None
+
+        return cls(
+            coordinator,
+            read_secret(secret_path),
+            env.replica_id,
+            incarnation,
+            job_id=env.slurm_job_id,
+            nodes=list(env.nodes),
+        )
+
+    def _make(self, **fields: Any) -> ReplicaReport:
+        self._seq += 1
+        return ReplicaReport(
+            replica=self.replica,
+            incarnation=self.incarnation,
+            seq=self._seq,
+            job_id=self.job_id,
+            nodes=self.nodes,
+            **fields,
+        )
+
+    def status(self, **fields: Any) -> None:
+        """Queue a status report (throttled unless participants/healing/error changed)."""
+        key = (fields.get("participants"), fields.get("healing"), fields.get("last_error"))
+        now = time.monotonic()
+        if key == self._last_key and now - self._last_sent < self.min_interval_s:
+            return
+        self._last_key = key
+        self._last_sent = now
+        try:
+            self._queue.put_nowait(self._make(kind="status", **fields))
+        except queue.Full:
+            self.dropped += 1
+
+    def fatal(self, **fields: Any) -> bool:
+        """Send the final report now (after flushing what is queued); True if accepted."""
+        report = self._make(kind="fatal", **fields)
+        self.close(timeout_s=self.http_timeout_s)
+        return self._post(report) == "accepted"
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        with_timeout = time.monotonic() + timeout_s
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout=max(0.0, with_timeout - time.monotonic()))
+
+    def _post(self, report: ReplicaReport) -> str:
+        """'accepted', 'rejected' or 'unreachable'."""
+        base = self._coordinator()
+        if not base:
+            return "unreachable"
+        body = report.to_json()
+        headers = {"Content-Type": "application/json", **sign(self._secret, body)}
+        req = urllib.request.Request(
+            base.rstrip("/") + "/v1/reports", data=body, headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
+                ok = resp.status == 200
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500:
+                self.rejected += 1
+                log.warning("coordinator rejected report seq=%d: %s", report.seq, exc)
+                return "rejected"
+            return "unreachable"
+        except (OSError, ValueError):
+            return "unreachable"
+        if ok:
+            self.accepted += 1
+            return "accepted"
+        return "unreachable"
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                item = None
+                stop = False
+            else:
+                stop = item is None
+            if item is not None:
+                if len(self._backlog) == self._backlog.maxlen:
+                    self.dropped += 1
+                self._backlog.append(item)
+            while self._backlog:
+                outcome = self._post(self._backlog[0])
+                if outcome == "unreachable":
+                    break
+                self._backlog.popleft()
+            if stop:
+                return
+
+
+def secret_path(run_dir: Path) -> Path:
+    return run_dir / "secret"
