@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -298,19 +299,38 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def versions_match(pyslurm_version: str, slurm_version: str) -> bool:
+    """pyslurm X.Y.* is built for Slurm X.Y (e.g. pyslurm 23.2.2 for Slurm 23.02.7)."""
+
+    def major_minor(text: str) -> tuple[int, int] | None:
+        m = re.search(r"(\d+)\.(\d+)", text)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    a, b = major_minor(pyslurm_version), major_minor(slurm_version)
+    return a is not None and a == b
+
+
 def pyslurm_usable() -> bool:
-    """True if pyslurm imports in a child process without killing it (DESIGN.md fact 9)."""
+    """True if pyslurm imports in a child process without killing it (DESIGN.md fact 9)
+    and was built for the Slurm that `sinfo --version` reports."""
+    probe = "import pyslurm; print(getattr(pyslurm, '__version__', '') or pyslurm.version())"
     try:
         r = subprocess.run(
-            [sys.executable, "-c", "import pyslurm"],
+            [sys.executable, "-c", probe],
             capture_output=True,
+            text=True,
             timeout=10,
             check=False,
             env=os.environ.copy(),
         )
+        if r.returncode != 0:
+            return False
+        v = subprocess.run(
+            ["sinfo", "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (subprocess.TimeoutExpired, OSError):
         return False
-    return r.returncode == 0
+    return v.returncode == 0 and versions_match(r.stdout.strip(), v.stdout.strip())
 
 
 def default_backend() -> SlurmBackend:
@@ -318,7 +338,8 @@ def default_backend() -> SlurmBackend:
 
     pyslurm exists on the package index only for Slurm versions that do not match Debian's
     22.05, and where it is installed it offers nothing this toolkit needs that the commands do
-    not; it is therefore used only when `FTHSDP_BACKEND=pyslurm` asks for it and it imports.
+    not; it is therefore used only when `FTHSDP_BACKEND=pyslurm` asks for it, it imports, and its
+    version matches the running Slurm.
     """
     if os.environ.get("FTHSDP_BACKEND") == "pyslurm" and pyslurm_usable():
         from slurm.backend_pyslurm import PyslurmBackend

@@ -124,4 +124,53 @@ def status(directory: Path, as_json: bool) -> None:
         raise SystemExit(1)
 
 
+_hardware_option = click.option(
+    "--hardware-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    envvar="FTHSDP_HARDWARE_ROOT",
+    help="Simulated hardware folder (default: DIR/hardware).",
+)
+
+
+@cluster.command()
+@_dir_option
+@_hardware_option
+@click.argument("node")
+@click.option(
+    "--fault",
+    required=True,
+    type=click.Choice(["xid79", "ecc", "nvlink", "ib", "kill"]),
+    help="xid79/ecc/nvlink/ib change the node's simulated hardware; kill kills its replica "
+    "processes with no hardware sign.",
+)
+@click.option("--gpus", default=8, show_default=True, type=int)
+def inject(directory: Path, hardware_root: Path | None, node: str, fault: str, gpus: int) -> None:
+    """Make NODE fail the way real hardware does (or kill its replica processes)."""
+    from runtime.control.inject import hardware_root as default_root
+    from runtime.control.inject import inject as do_inject
+
+    root = hardware_root or default_root(directory)
+    result = do_inject(root, node, fault, gpus)
+    if fault == "kill":
+        click.echo(f"{node}: killed {len(result)} replica processes {' '.join(result)}".rstrip())
+    else:
+        click.echo(f"{node}: faults now {', '.join(result)} ({root / node})")
+
+
+@cluster.command()
+@_dir_option
+@_hardware_option
+@click.argument("node")
+@click.option("--gpus", default=8, show_default=True, type=int)
+def heal(directory: Path, hardware_root: Path | None, node: str, gpus: int) -> None:
+    """Restore NODE's simulated hardware to healthy (the HealthCheckProgram resumes it)."""
+    from runtime.control.inject import hardware_root as default_root
+    from runtime.control.inject import heal as do_heal
+
+    root = hardware_root or default_root(directory)
+    do_heal(root, node, gpus)
+    click.echo(f"{node}: healthy ({root / node})")
+
+
 __all__ = ["EnvironmentProblem", "cluster"]

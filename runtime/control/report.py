@@ -73,6 +73,12 @@ class ReplicaReport:
     failed_node: str | None = None
     evidence: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    #: The supervisor's launch number within this Slurm job run (0, 1, ... after relaunches);
+    #: set by the supervisor's own reports, optional for the worker's (it may read
+    #: `FTHSDP_LAUNCH`). The coordinator keys its decisions on (job, restarts, launch).
+    launch: int | None = None
+    #: Slurm's restart count of the job (`SLURM_RESTART_COUNT`), when the sender knows it.
+    restarts: int | None = None
     sent_at: float = field(default_factory=time.time)
 
     def to_json(self) -> bytes:
@@ -92,6 +98,10 @@ class ReplicaReport:
             raise ValueError("report field 'incarnation' must be a string")
         if data.get("kind", "status") not in ("status", "fatal"):
             raise ValueError("report field 'kind' must be 'status' or 'fatal'")
+        for key in ("launch", "restarts"):
+            value = data.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"report field {key!r} must be null or an integer")
         if data.get("failure") not in (None, "process", "node"):
             raise ValueError("report field 'failure' must be null, 'process' or 'node'")
         return cls(**data)

@@ -1,0 +1,116 @@
+"""`fthsdp control` (the control-plane job) and `fthsdp replica` (a replica job's supervisor).
+
+Both are thin: they parse options and call `runtime.control.service.serve` and
+`runtime.control.supervisor.Supervisor`. Neither imports torch: the Lighthouse runs as torchft's
+`torchft_lighthouse` binary in a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+_run_dir = click.option(
+    "--run-dir",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The run's directory (shared filesystem).",
+)
+
+
+@click.command()
+@_run_dir
+@click.option("--lighthouse-port", default=0, show_default=True, help="0 = a free port.")
+@click.option("--coordinator-port", default=0, show_default=True, help="0 = a free port.")
+@click.option(
+    "--bind",
+    default=None,
+    help="Address to listen on (default: this node's own address, never all interfaces).",
+)
+@click.option("--replicas", type=int, default=None, help="Replica count (default: run.json).")
+@click.option("--min-replicas", type=int, default=None, help="Default: run.json, else 1.")
+@click.option("--heartbeat-timeout-ms", type=int, default=None, help="Default: the spec's.")
+@click.option("--join-timeout-ms", type=int, default=None, help="Default: the spec's.")
+@click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
+@click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
+def control(
+    run_dir: Path,
+    lighthouse_port: int,
+    coordinator_port: int,
+    bind: str | None,
+    replicas: int | None,
+    min_replicas: int | None,
+    heartbeat_timeout_ms: int | None,
+    join_timeout_ms: int | None,
+    no_lighthouse: bool,
+    no_poll: bool,
+) -> None:
+    """Run the run's control plane: torchft's Lighthouse and the coordinator, until stopped."""
+    from runtime.control import coordinator as coord
+    from runtime.control.policy import PolicyConfig
+    from runtime.control.service import LighthouseConfig, serve
+    from slurm.errors import InputError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_dir = run_dir.resolve()
+    try:
+        settings = coord.load_run_settings(run_dir)
+    except InputError:
+        if replicas is None:
+            raise
+        settings = coord.RunSettings(PolicyConfig(replicas=replicas), {})
+    policy = settings.policy
+    if replicas is not None:
+        policy = replace(policy, replicas=replicas)
+    if min_replicas is not None:
+        policy = replace(policy, min_replicas=min_replicas)
+    if policy.min_replicas > policy.replicas or policy.min_replicas < 1:
+        raise InputError("min_replicas", policy.min_replicas, f"1..{policy.replicas}")
+    host = bind or coord.node_address()
+    config = coord.CoordinatorConfig(
+        run_dir=run_dir,
+        policy=policy,
+        job_ids=settings.job_ids,
+        host=host,
+        port=coordinator_port,
+        poll_jobs=not no_poll,
+    )
+    lighthouse = None
+    if not no_lighthouse:
+        lighthouse = LighthouseConfig(
+            host=host,
+            port=lighthouse_port,
+            min_replicas=policy.min_replicas,
+            heartbeat_timeout_ms=heartbeat_timeout_ms or settings.heartbeat_timeout_ms,
+            join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
+        )
+    asyncio.run(serve(config, lighthouse))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@_run_dir
+@click.option("--replica", required=True, type=int, help="This replica's index.")
+@click.option(
+    "--decision-wait", default=30.0, show_default=True, help="Seconds to await a verdict."
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def replica(run_dir: Path, replica: int, decision_wait: float, command: tuple[str, ...]) -> None:
+    """Run one replica's step (COMMAND, usually `srun ...`) under its supervisor.
+
+    When the step fails, the supervisor reports it and asks the coordinator whether to relaunch it
+    here, exit so the job is requeued, or exit for good.
+    """
+    from runtime.control.supervisor import Supervisor, SupervisorConfig
+    from slurm.errors import InputError
+
+    if replica < 0:
+        raise InputError("--replica", replica, "a replica index >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = SupervisorConfig.from_env(run_dir.resolve(), replica, list(command))
+    config.decision_wait_s = decision_wait
+    sys.exit(Supervisor(config).run())

@@ -1,0 +1,99 @@
+"""`fthsdp render`, `fthsdp submit`, `fthsdp cancel`: from a spec to jobs in the queue and back.
+
+Thin commands: parse options, call `slurm.spec` / `slurm.render` / `slurm.submit`, present the
+result. `render` is the dry run (it never talks to Slurm); `submit --dry-run` is exactly `render`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+_spec_arg = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+_set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a spec field, e.g. --set replicas.count=4 (repeatable).",
+)
+
+
+def _render(
+    spec_path: Path, overrides: tuple[str, ...], out: Path | None, replica: int | None
+) -> None:
+    from slurm.render import concatenated, render_run, write_scripts
+    from slurm.spec import load_spec
+
+    spec = load_spec(spec_path, overrides)
+    scripts = render_run(spec, None if replica is None else [replica], control=replica is None)
+    if out is None:
+        click.echo(concatenated(scripts), nl=False)
+        return
+    for path in write_scripts(scripts, out):
+        click.echo(str(path))
+
+
+@click.command()
+@_spec_arg
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write the scripts into this folder instead of printing them.",
+)
+@click.option("--replica", type=int, default=None, help="Render only this replica's script.")
+@_set_option
+def render(spec: Path, out: Path | None, replica: int | None, overrides: tuple[str, ...]) -> None:
+    """Render a spec's sbatch scripts (dry run: nothing is submitted).
+
+    Without --out every script is printed, each after a line '# ==> NAME.sbatch <=='.
+    """
+    _render(spec, overrides, out, replica)
+
+
+@click.command()
+@_spec_arg
+@click.option("--dry-run", is_flag=True, help="Print the scripts instead (same as 'render').")
+@click.option("--force", is_flag=True, help="Submit even if run_dir holds a live run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
+@_set_option
+def submit(
+    spec: Path, dry_run: bool, force: bool, as_json: bool, overrides: tuple[str, ...]
+) -> None:
+    """Render a spec into its run_dir and submit the control job, then one job per replica."""
+    if dry_run:
+        _render(spec, overrides, None, None)
+        return
+    from slurm.backend import default_backend
+    from slurm.spec import load_spec
+    from slurm.submit import submit_run
+
+    record = submit_run(load_spec(spec, overrides), default_backend(), force=force)
+    if as_json:
+        click.echo(record.to_json(), nl=False)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {record.name} submitted ({record.run_dir})")
+    for col in ("role", "replica", "job id", "job name", "script"):
+        table.add_column(col)
+    for j in record.jobs:
+        table.add_row(
+            j.role, "" if j.replica is None else str(j.replica), j.job_id, j.job_name, j.script
+        )
+    Console().print(table)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+def cancel(run_dir: Path) -> None:
+    """Cancel every job of a run (as recorded in RUN_DIR/jobs.json)."""
+    from slurm.backend import default_backend
+    from slurm.run_dir import read_run
+    from slurm.submit import cancel_run
+
+    ids = cancel_run(read_run(run_dir), default_backend())
+    click.echo(f"cancelled {len(ids)} job(s): {','.join(ids)}")

@@ -1,0 +1,459 @@
+"""The coordinator: the control plane's HTTP service that turns leader reports into Slurm actions.
+
+It is the I/O shell around the pure policy (`runtime.control.policy`): requests and timers become
+events, each event is stored in the journal together with the actions the policy decided, and
+only then are the Slurm actions carried out (drain, requeue, release, cancel) through
+`slurm.backend`, in a worker thread, with bounded retries and backoff, each attempt journaled.
+
+Endpoints (aiohttp; no hand-written HTTP):
+
+- `POST /v1/reports`: a signed `ReplicaReport` (HMAC with `run_dir/secret`, see
+  `runtime.control.report`). Unsigned, forged, stale, replayed, malformed, oversized and
+  unknown-replica reports get a 4xx, are journaled as refusals, and change nothing.
+- `POST /v1/requeue`: a signed operator request (`fthsdp requeue`).
+- `GET /v1/replicas/{k}/directive?job=J&restarts=R&launch=L`: what the replica's supervisor does
+  after its srun step ended: `relaunch`, `requeue` (exit; the coordinator requeues the job),
+  `exit` (for good) or `continue` (no decision yet).
+- `GET /v1/state`: the run's state for `fthsdp status`.
+
+Timers: a tick finds replicas silent past their report timeout; a poll reads the replica jobs
+from `squeue` so Slurm's own requeues are seen (and never repeated). The service binds to the
+job node's address unless told otherwise; it never listens on all interfaces by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import hostlist
+from aiohttp import web
+
+from runtime.control.journal import Journal, StoredAction
+from runtime.control.policy import (
+    SLURM_ACTIONS,
+    Cancel,
+    CoordinatorStarted,
+    Drain,
+    Event,
+    JobObserved,
+    OperatorRequeue,
+    PolicyConfig,
+    Release,
+    ReportReceived,
+    Requeue,
+    Tick,
+    directive_for,
+    step,
+)
+from runtime.control.report import (
+    MAX_REPORT_BYTES,
+    ReplicaReport,
+    SignatureError,
+    create_secret,
+    read_secret,
+    verify,
+)
+from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.errors import EnvironmentProblem, InputError
+
+log = logging.getLogger("fthsdp.coordinator")
+
+SECRET_FILE = "secret"
+RUN_FILE = "run.json"
+JOBS_FILE = "jobs.json"
+_NODE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    run_dir: Path
+    policy: PolicyConfig
+    job_ids: dict[int, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0
+    tick_s: float = 1.0
+    poll_s: float = 3.0
+    poll_jobs: bool = True
+    action_retries: int = 5
+    action_backoff_s: float = 1.0
+    action_backoff_max_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    policy: PolicyConfig
+    job_ids: dict[int, str]
+    heartbeat_timeout_ms: int = 2000
+    join_timeout_ms: int = 60000
+
+
+def load_run_settings(run_dir: Path) -> RunSettings:
+    """The run's recovery settings and replica job ids, from what `fthsdp submit` wrote.
+
+    `spec.json` gives `replicas.count` and the `[train]` knobs; `run.json` (optional, for runs
+    not made by `submit`) may hold `replicas` and any other `PolicyConfig` field and wins;
+    `jobs.json` maps replicas to job ids (`{"replicas": [{"replica": 0, "job_id": "12"}, ...]}`
+    or `{"replicas": {"0": "12"}}`). Without job ids the coordinator learns them from reports.
+    """
+    settings: dict[str, Any] = {}
+    lighthouse: dict[str, int] = {}
+    spec_file = run_dir / "spec.json"
+    if spec_file.exists():
+        spec = json.loads(spec_file.read_text())
+        train = spec.get("train", {})
+        settings["replicas"] = int(spec["replicas"]["count"])
+        for key in ("min_replicas", "max_restarts_per_replica", "restart_window_s"):
+            if key in train:
+                settings[key] = train[key]
+        for key in ("heartbeat_timeout", "join_timeout"):
+            if f"{key}_s" in train:
+                lighthouse[f"{key}_ms"] = int(float(train[f"{key}_s"]) * 1000)
+    run_file = run_dir / RUN_FILE
+    if run_file.exists():
+        raw = json.loads(run_file.read_text())
+        allowed = {f.name for f in fields(PolicyConfig)}
+        settings.update({k: v for k, v in raw.items() if k in allowed})
+    if "replicas" not in settings:
+        raise InputError("RUN_DIR", str(run_dir), "a run directory with spec.json (or run.json)")
+    jobs: dict[int, str] = {}
+    jobs_file = run_dir / JOBS_FILE
+    if jobs_file.exists():
+        raw_jobs = json.loads(jobs_file.read_text()).get("replicas", {})
+        if isinstance(raw_jobs, dict):
+            jobs = {int(k): str(v) for k, v in raw_jobs.items()}
+        else:
+            jobs = {int(r["replica"]): str(r["job_id"]) for r in raw_jobs}
+    return RunSettings(PolicyConfig(**settings), jobs, **lighthouse)
+
+
+def ensure_secret(run_dir: Path) -> bytes:
+    """The run secret; created (0600) if missing, refused if others can read it."""
+    path = run_dir / SECRET_FILE
+    if not path.exists():
+        return create_secret(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise EnvironmentProblem(f"{path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+    return read_secret(path)
+
+
+def node_address() -> str:
+    """This node's own address (what the replicas reach), never the wildcard address."""
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror:
+        return "127.0.0.1"
+    return str(infos[0][4][0]) if infos else "127.0.0.1"
+
+
+class Coordinator:
+    """State, journal and Slurm executor of one run's control plane."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        backend: SlurmBackend | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.secret = ensure_secret(config.run_dir)
+        self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
+        self.clock = clock
+        self.journal = Journal.in_run_dir(config.run_dir)
+        self.state, open_actions = self.journal.rebuild(config.policy, config.job_ids)
+        self._open = open_actions
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.started_at = clock()
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def submit(self, event: Event, nonce: str | None = None, always: bool = True) -> bool:
+        """Apply an event: journal it with its decision, then start the Slurm actions.
+
+        With `always=False` an event that changes nothing is not journaled (ticks, polls).
+        Returns False if the nonce was a replay.
+        """
+        async with self._lock:
+            new, actions = step(self.state, event)
+            if not always and not actions and new.to_dict() == self.state.to_dict():
+                return True
+            try:
+                _, stored = self.journal.record(event, actions, nonce)
+            except KeyError:
+                return False
+            self.state = new
+        slurm = [s for s in stored if isinstance(s.action, SLURM_ACTIONS)]
+        if slurm:
+            self._spawn(self._carry_out(slurm))
+        return True
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def start(self) -> None:
+        await self.submit(CoordinatorStarted(self.clock()))
+        if self._open:
+            log.info("resuming %d open Slurm actions from the journal", len(self._open))
+            by_event: dict[int, list[StoredAction]] = {}
+            for s in self._open:
+                by_event.setdefault(s.event_seq, []).append(s)
+            for group in by_event.values():
+                self._spawn(self._carry_out(group))
+        self._spawn(self._timer(self.config.tick_s, self._tick))
+        if self.config.poll_jobs:
+            self._spawn(self._timer(self.config.poll_s, self._poll))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.journal.close()
+
+    async def _timer(self, interval: float, fn: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except Exception:  # a timer must survive a bad poll; the log says why
+                log.exception("timer %s failed", getattr(fn, "__name__", fn))
+
+    async def _tick(self) -> None:
+        await self.submit(Tick(self.clock()), always=False)
+
+    async def _poll(self) -> None:
+        ids = {r.job_id: k for k, r in self.state.replicas.items() if r.job_id}
+        if not ids:
+            return
+        loop = asyncio.get_running_loop()
+        infos = await loop.run_in_executor(None, self.backend.jobs, list(ids))
+        for info in infos:
+            if info.het_offset != 0 or info.base_id not in ids:
+                continue
+            nodes = tuple(hostlist.expand_hostlist(info.nodes)) if info.nodes else ()
+            event = JobObserved(
+                ids[info.base_id], info.base_id, info.restarts, info.state, self.clock(), nodes
+            )
+            await self.submit(event, always=False)
+
+    # -- Slurm actions ------------------------------------------------------------------------
+
+    async def _carry_out(self, group: list[StoredAction]) -> None:
+        """Run one decision's Slurm actions in order, each with retries and backoff."""
+        loop = asyncio.get_running_loop()
+        for stored in group:
+            action = stored.action
+            if isinstance(action, Release) and action.delay_s > 0:
+                await asyncio.sleep(action.delay_s)
+            resumed = stored.status == "started"
+            self.journal.attempt(stored.id, "started", "resumed after restart" if resumed else "")
+            for attempt in range(self.config.action_retries):
+                try:
+                    outcome, detail = await loop.run_in_executor(
+                        None, self._execute, action, resumed
+                    )
+                except SlurmCommandError as exc:
+                    if attempt + 1 >= self.config.action_retries:
+                        self.journal.attempt(stored.id, "failed", str(exc))
+                        log.error("giving up on %s: %s", action, exc)
+                        break
+                    self.journal.attempt(stored.id, "retry", str(exc))
+                    delay = min(
+                        self.config.action_backoff_s * 2**attempt,
+                        self.config.action_backoff_max_s,
+                    )
+                    await asyncio.sleep(delay)
+                else:
+                    self.journal.attempt(stored.id, outcome, detail)
+                    break
+
+    def _execute(self, action: Any, resumed: bool) -> tuple[str, str]:
+        """Carry out one Slurm action (in a worker thread); returns (outcome, detail)."""
+        b = self.backend
+        if isinstance(action, Drain):
+            ok = b.drain(action.node, action.reason)
+            return ("done", "drained") if ok else ("skipped", "drained by someone else")
+        if isinstance(action, Requeue):
+            current = [j for j in b.jobs([action.job_id]) if j.het_offset == 0]
+            if current and current[0].restarts > action.restarts:
+                return ("skipped", f"already requeued (restart count {current[0].restarts})")
+            if current and current[0].state.upper() == "PENDING":
+                return ("skipped", "job is pending, nothing to requeue")
+            b.requeue(action.job_id)
+            return ("done", "requeued" + (" (after restart)" if resumed else ""))
+        if isinstance(action, Release):
+            b.release(action.job_id)
+            return ("done", "eligible now")
+        if isinstance(action, Cancel):
+            b.cancel([action.job_id])
+            return ("done", "cancelled")
+        return ("skipped", f"not a Slurm action: {action}")
+
+    # -- views --------------------------------------------------------------------------------
+
+    def state_view(self) -> dict[str, Any]:
+        data = self.state.to_dict()
+        reps = data["replicas"]
+        data["quorum_id"] = max((r["quorum_id"] for r in reps), default=-1)
+        data["participants"] = max((r["participants"] for r in reps), default=0)
+        cursors = [r["cursor"] for r in reps if r["cursor"] is not None]
+        data["cursor"] = max(cursors) if cursors else None
+        data["open_actions"] = len(self.journal.actions(("decided", "started")))
+        data["coordinator_started_at"] = self.started_at
+        return data
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
+
+
+async def _read_signed(
+    request: web.Request, coord: Coordinator
+) -> tuple[bytes, str] | web.Response:
+    """The body and nonce of an authentic, fresh, not-replayed request, or the refusal."""
+    length = request.content_length
+    if length is not None and length > MAX_REPORT_BYTES:
+        return _refuse(coord, request, 413, f"body of {length} bytes")
+    body = await request.content.read(MAX_REPORT_BYTES + 1)
+    if len(body) > MAX_REPORT_BYTES:
+        return _refuse(coord, request, 413, "body over the limit")
+    try:
+        nonce = verify(coord.secret, body, request.headers, now=coord.clock())
+    except SignatureError as exc:
+        return _refuse(coord, request, 401, str(exc))
+    if coord.journal.nonce_seen(nonce):
+        return _refuse(coord, request, 409, "replayed nonce")
+    return body, nonce
+
+
+def _refuse(coord: Coordinator, request: web.Request, status: int, reason: str) -> web.Response:
+    coord.journal.reject(request.remote, request.path, status, reason)
+    log.warning("refused %s from %s: %d %s", request.path, request.remote, status, reason)
+    return web.json_response({"error": reason}, status=status)
+
+
+async def post_report(request: web.Request) -> web.Response:
+    coord = request.app[COORDINATOR_KEY]
+    got = await _read_signed(request, coord)
+    if isinstance(got, web.Response):
+        return got
+    body, nonce = got
+    try:
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError("body is not a JSON object")
+        report = ReplicaReport.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        return _refuse(coord, request, 400, f"malformed report: {exc}")
+    if report.replica not in coord.state.replicas:
+        return _refuse(coord, request, 404, f"unknown replica {report.replica}")
+    if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
+        return _refuse(coord, request, 409, "replayed nonce")
+    r = coord.state.replicas[report.replica]
+    return web.json_response({"ok": True, "directive": r.directive, "phase": r.phase})
+
+
+async def post_requeue(request: web.Request) -> web.Response:
+    coord = request.app[COORDINATOR_KEY]
+    got = await _read_signed(request, coord)
+    if isinstance(got, web.Response):
+        return got
+    body, nonce = got
+    try:
+        data = json.loads(body)
+        replica = data["replica"]
+        node = data.get("drain")
+        reason = str(data.get("reason") or "requeued by operator")
+        if not isinstance(replica, int) or isinstance(replica, bool):
+            raise ValueError("replica must be an integer")
+        if node is not None and (not isinstance(node, str) or not set(node) <= _NODE_CHARS):
+            raise ValueError(f"bad node name {node!r}")
+    except (ValueError, TypeError, KeyError) as exc:
+        return _refuse(coord, request, 400, f"malformed requeue: {exc}")
+    if replica not in coord.state.replicas:
+        return _refuse(coord, request, 404, f"unknown replica {replica}")
+    event = OperatorRequeue(replica, coord.clock(), node, reason[:80])
+    if not await coord.submit(event, nonce=nonce):
+        return _refuse(coord, request, 409, "replayed nonce")
+    return web.json_response({"ok": True, "job_id": coord.state.replicas[replica].job_id})
+
+
+async def get_directive(request: web.Request) -> web.Response:
+    coord = request.app[COORDINATOR_KEY]
+    try:
+        replica = int(request.match_info["k"])
+        job = request.query.get("job") or None
+        restarts = int(request.query.get("restarts", "0"))
+        launch = int(request.query.get("launch", "0"))
+    except ValueError:
+        return web.json_response({"error": "bad replica/restarts/launch"}, status=400)
+    if replica not in coord.state.replicas:
+        return web.json_response({"error": f"unknown replica {replica}"}, status=404)
+    directive, delay = directive_for(coord.state, replica, job, restarts, launch)
+    return web.json_response({"directive": directive, "delay_s": delay})
+
+
+async def get_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[COORDINATOR_KEY].state_view())
+
+
+def make_app(coord: Coordinator) -> web.Application:
+    app = web.Application(client_max_size=MAX_REPORT_BYTES)
+    app[COORDINATOR_KEY] = coord
+    app.router.add_post("/v1/reports", post_report)
+    app.router.add_post("/v1/requeue", post_requeue)
+    app.router.add_get("/v1/replicas/{k}/directive", get_directive)
+    app.router.add_get("/v1/state", get_state)
+    return app
+
+
+@dataclass
+class RunningCoordinator:
+    coordinator: Coordinator
+    runner: web.AppRunner
+    url: str
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+        await self.coordinator.stop()
+
+
+async def start_coordinator(
+    config: CoordinatorConfig, backend: SlurmBackend | None = None
+) -> RunningCoordinator:
+    """Start the service on `config.host:config.port` (port 0 = a free one)."""
+    coord = Coordinator(config, backend)
+    await coord.start()
+    runner = web.AppRunner(make_app(coord), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = int(runner.addresses[0][1]) if runner.addresses else config.port
+    host = config.host if ":" not in config.host else f"[{config.host}]"
+    return RunningCoordinator(coord, runner, f"http://{host}:{port}")
+
+
+def write_control_file(run_dir: Path, data: dict[str, Any]) -> Path:
+    """Write `run_dir/control.json` atomically (replicas may read it at any moment)."""
+    path = run_dir / "control.json"
+    tmp = path.with_name(f".control.json.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,111 @@
+"""Fault injection on the dev cluster: make one node fail the way real hardware does.
+
+Hardware faults (`xid79`, `ecc`, `nvlink`, `ib`) rewrite that node's simulated inputs
+(`prolog_epilog.simulated_hardware`): the prolog, the HealthCheckProgram and the in-job watchdog
+read them exactly as they read a real node, so the whole path (watchdog -> leader's fatal report
+-> coordinator -> drain + requeue -> prolog gates the new nodes) runs for real. Faults accumulate
+per node in `faults.json` until `heal` writes the node healthy again.
+
+`kill` has no hardware sign: it SIGKILLs the replica's training processes on that node (the tasks
+of the supervisor's srun step, found by `SLURMD_NODENAME` and `FTHSDP_LAUNCH` in their
+environment), which is a process fault: tier 1, relaunch in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from prolog_epilog.simulated_hardware import FAULTS as HARDWARE_FAULTS
+from prolog_epilog.simulated_hardware import write_node_inputs
+from slurm.errors import InputError
+
+FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill")
+FAULTS_FILE = "faults.json"
+
+
+def hardware_root(cluster_dir: Path) -> Path:
+    """Where the dev cluster keeps each node's simulated hardware."""
+    return Path(os.environ.get("FTHSDP_HARDWARE_ROOT") or Path(cluster_dir) / "hardware")
+
+
+def node_faults(root: Path, node: str) -> list[str]:
+    try:
+        return list(json.loads((root / node / FAULTS_FILE).read_text()))
+    except (OSError, ValueError):
+        return []
+
+
+def _save_faults(root: Path, node: str, faults: list[str]) -> None:
+    path = root / node / FAULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(faults))
+
+
+def inject(root: Path, node: str, fault: str, gpus: int = 8) -> list[str]:
+    """Inject `fault` into `node`; returns the node's hardware faults now, or the killed pids."""
+    if fault not in FAULTS:
+        raise InputError("--fault", fault, f"one of {', '.join(FAULTS)}")
+    if fault == "kill":
+        return [str(pid) for pid in kill_replica_processes(node)]
+    assert fault in HARDWARE_FAULTS
+    faults = [*node_faults(root, node), fault]
+    faults = list(dict.fromkeys(faults))
+    write_node_inputs(root, node, gpus, faults)
+    _save_faults(root, node, faults)
+    return faults
+
+
+def heal(root: Path, node: str, gpus: int = 8) -> None:
+    """Write the node's inputs healthy again and forget its faults."""
+    write_node_inputs(root, node, gpus, ())
+    _save_faults(root, node, [])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def replica_processes(node: str) -> Iterator[int]:
+    """Training task processes of any replica step running on dev node `node`."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        env = _environ(pid)
+        if env.get("SLURMD_NODENAME") != node or "FTHSDP_LAUNCH" not in env:
+            continue
+        if "SLURM_PROCID" not in env or _comm(pid) in ("srun", "slurmstepd"):
+            continue
+        yield pid
+
+
+def kill_replica_processes(node: str) -> list[int]:
+    killed = []
+    for pid in replica_processes(node):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed.append(pid)
+    return killed

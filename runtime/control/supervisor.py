@@ -1,0 +1,231 @@
+"""The replica job's supervisor: runs the replica's srun step and, when it ends, asks what next.
+
+The replica's batch script runs `fthsdp replica --run-dir D --replica K -- srun ...`. When the step
+ends with a failure, the supervisor sends a signed fatal report of its own (the worker's leader
+may have died before it could; the coordinator treats both reports of one death as one failure,
+keyed by job, restart count and launch number), then asks the coordinator for a directive:
+
+- `relaunch`: run the step again inside this allocation (tier 1), after the given delay;
+- `requeue`: the coordinator is requeuing this job (tier 2); wait to be stopped by Slurm;
+- `exit`: leave for good (tier 3, a user error, or a superseded run);
+- `continue`: no decision yet; ask again shortly.
+
+If the coordinator cannot be reached, the supervisor falls back to exit-for-requeue and requeues
+its own job through `slurm.backend` (a coordinator that comes back sees the restart count rise
+without its own action and does not requeue it again). The step gets `FTHSDP_REPLICA`,
+`FTHSDP_RUN_DIR`, `FTHSDP_LAUNCH` and `FTHSDP_INCARNATION` so the worker's reports can name the
+same launch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import hostlist
+
+from runtime.control.report import ExitCode, ReplicaReport, read_secret, sign
+from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+
+log = logging.getLogger("fthsdp.supervisor")
+
+#: The supervisor's own exit code when it leaves so that the job is requeued.
+EXIT_FOR_REQUEUE = 75
+
+
+@dataclass
+class SupervisorConfig:
+    run_dir: Path
+    replica: int
+    command: list[str]
+    job_id: str | None = None
+    restarts: int = 0
+    nodes: list[str] = field(default_factory=list)
+    #: How long to keep asking while the coordinator says `continue`.
+    decision_wait_s: float = 30.0
+    #: How long to wait for Slurm to stop this job after a `requeue` directive.
+    requeue_wait_s: float = 180.0
+    http_timeout_s: float = 5.0
+    max_launches: int = 1000
+
+    @classmethod
+    def from_env(cls, run_dir: Path, replica: int, command: list[str]) -> SupervisorConfig:
+        env = os.environ
+        nodelist = env.get("SLURM_JOB_NODELIST_HET_GROUP_0") or env.get("SLURM_JOB_NODELIST", "")
+        return cls(
+            run_dir=run_dir,
+            replica=replica,
+            command=command,
+            job_id=env.get("SLURM_JOB_ID"),
+            restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+            nodes=hostlist.expand_hostlist(nodelist) if nodelist else [],
+        )
+
+
+def coordinator_url(run_dir: Path) -> str | None:
+    try:
+        data = json.loads((run_dir / "control.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("coordinator")
+    return str(value) if value else None
+
+
+def failure_of(code: int) -> tuple[str | None, int]:
+    """The report's failure class for a step's exit code (a signal counts as a process fault)."""
+    if code == ExitCode.NODE_FAULT:
+        return "node", code
+    if code == ExitCode.BAD_ENV:
+        return None, code
+    return "process", code
+
+
+class CoordinatorUnreachable(RuntimeError):
+    pass
+
+
+def _http(
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
+) -> Any:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise CoordinatorUnreachable(f"{method} {url}: HTTP {exc.code}") from None
+    except (OSError, ValueError) as exc:
+        raise CoordinatorUnreachable(f"{method} {url}: {exc}") from None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        backend: SlurmBackend | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self.backend = backend or CommandBackend()
+        self.sleep = sleep
+        self.launch = 0
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def incarnation(self) -> str:
+        c = self.config
+        return f"{c.job_id or 'local'}.{c.restarts}.{self.launch}"
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run_step(self) -> int:
+        c = self.config
+        env = dict(os.environ)
+        env.update(
+            FTHSDP_REPLICA=str(c.replica),
+            FTHSDP_RUN_DIR=str(c.run_dir),
+            FTHSDP_LAUNCH=str(self.launch),
+            FTHSDP_INCARNATION=self.incarnation(),
+        )
+        self.child = subprocess.Popen(c.command, env=env)
+        return self.child.wait()
+
+    def report_failure(self, url: str, code: int) -> None:
+        c = self.config
+        failure, exit_code = failure_of(code)
+        report = ReplicaReport(
+            replica=c.replica,
+            incarnation=f"supervisor:{self.incarnation()}",
+            seq=0,
+            kind="fatal",
+            job_id=c.job_id,
+            nodes=c.nodes,
+            failure=failure,  # type: ignore[arg-type]
+            exit_code=exit_code,
+            last_error=f"step exited with {code}",
+            launch=self.launch,
+            restarts=c.restarts,
+        )
+        body = report.to_json()
+        secret = read_secret(c.run_dir / "secret")
+        headers = {"Content-Type": "application/json", **sign(secret, body)}
+        _http("POST", f"{url}/v1/reports", body, headers, c.http_timeout_s)
+
+    def directive(self, url: str) -> tuple[str, float]:
+        c = self.config
+        query = f"job={c.job_id or ''}&restarts={c.restarts}&launch={self.launch}"
+        got = _http(
+            "GET", f"{url}/v1/replicas/{c.replica}/directive?{query}", None, {}, c.http_timeout_s
+        )
+        return str(got["directive"]), float(got.get("delay_s", 0.0))
+
+    def decide(self, code: int) -> tuple[str, float]:
+        """Report the failure and get a directive; `requeue-self` if the coordinator is away."""
+        url = coordinator_url(self.config.run_dir)
+        if url is None:
+            return "requeue-self", 0.0
+        deadline = time.monotonic() + self.config.decision_wait_s
+        reported = False
+        while True:
+            try:
+                if not reported:
+                    self.report_failure(url, code)
+                    reported = True
+                directive, delay = self.directive(url)
+                if directive != "continue":
+                    return directive, delay
+            except CoordinatorUnreachable as exc:
+                log.warning("coordinator: %s", exc)
+                url = coordinator_url(self.config.run_dir) or url  # it may have moved
+            if time.monotonic() >= deadline:
+                return "requeue-self", 0.0
+            self.sleep(1.0)
+
+    def run(self) -> int:
+        """Run the step until it succeeds or a directive says to stop; returns the exit code."""
+        previous = signal.signal(signal.SIGTERM, self._forward)
+        try:
+            while self.launch < self.config.max_launches:
+                code = self.run_step()
+                if code == 0:
+                    return 0
+                directive, delay = self.decide(code)
+                log.warning(
+                    "replica %d step exited %d; directive %s", self.config.replica, code, directive
+                )
+                if directive == "relaunch":
+                    self.sleep(delay)
+                    self.launch += 1
+                    continue
+                if directive == "exit":
+                    return 0
+                if directive == "requeue-self" and not self._requeue_self():
+                    return EXIT_FOR_REQUEUE
+                self.sleep(self.config.requeue_wait_s)  # Slurm stops this job when it requeues
+                return EXIT_FOR_REQUEUE
+            return EXIT_FOR_REQUEUE
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _requeue_self(self) -> bool:
+        job = self.config.job_id
+        if not job:
+            return False
+        try:
+            self.backend.requeue(job)
+            self.backend.release(job)
+        except SlurmCommandError as exc:
+            log.error("could not requeue own job %s: %s", job, exc)
+            return False
+        return True

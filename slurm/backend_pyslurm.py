@@ -1,0 +1,77 @@
+"""`SlurmBackend` over pyslurm's RPC bindings, for sites whose pyslurm matches their Slurm.
+
+pyslurm talks to slurmctld directly instead of forking a command per action, which matters
+only for a coordinator that acts on many replicas at once. It exists on the package index only
+for some Slurm versions (DESIGN.md fact 9), and `import pyslurm` can kill the process when no
+slurm.conf is found, so this module imports pyslurm inside methods and is itself imported only
+by `slurm.backend.default_backend()` after `pyslurm_usable()` has imported it safely in a child
+process and compared its version with the running Slurm's.
+
+Actions (requeue, make-eligible-now, cancel, drain, resume) use pyslurm's RPCs. Submission and
+queries stay on sbatch / squeue --json / sinfo --json (inherited from `CommandBackend`): sbatch
+is what parses `#SBATCH` lines and `hetjob` separators, and the JSON queries are already parsed
+into the same `JobInfo` / `NodeInfo` records, so both backends report identically.
+
+Not exercised by the test-suite here: no pyslurm build for Slurm 22.05 exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+from slurm.backend import CommandBackend, SlurmCommandError
+
+
+def _pyslurm() -> Any:
+    import pyslurm
+
+    return pyslurm
+
+
+class PyslurmBackend(CommandBackend):
+    """RPC actions through pyslurm; submission and queries through Slurm's commands."""
+
+    def _rpc(self, what: list[str], fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # pyslurm raises RPCError (and others) with errno text
+            raise SlurmCommandError(["pyslurm", *what], 1, str(exc)) from exc
+
+    def requeue(self, job_id: str) -> None:
+        p = _pyslurm()
+        self._rpc(["requeue", job_id], p.Job(int(job_id)).requeue)
+
+    def release(self, job_id: str) -> None:
+        """Make a requeued job eligible now (begin time = now), and release a hold if any."""
+        p = _pyslurm()
+        job = p.Job(int(job_id))
+        self._rpc(
+            ["update", job_id, "begin_time=now"],
+            job.modify,
+            p.JobSubmitDescription(begin_time="now"),
+        )
+        with contextlib.suppress(Exception):  # not held: nothing to release
+            job.release()
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        p = _pyslurm()
+        for job_id in job_ids:
+            self._rpc(["cancel", job_id], p.Job(int(job_id)).cancel)
+
+    def drain(self, node: str, reason: str) -> bool:
+        current = self.nodes([node])
+        if current and current[0].drained and not current[0].drained_by_us:
+            return False
+        p = _pyslurm()
+        self._rpc(["drain", node], p.Node(node).modify, p.Node(state="DRAIN", reason=reason))
+        return True
+
+    def resume(self, node: str) -> bool:
+        current = self.nodes([node])
+        if not current or not current[0].drained_by_us:
+            return False
+        p = _pyslurm()
+        self._rpc(["resume", node], p.Node(node).modify, p.Node(state="RESUME"))
+        return True

@@ -1,0 +1,636 @@
+"""The job spec: one TOML file that describes an FT-HSDP run, read into frozen dataclasses.
+
+A user writes the run once (`[job]`, `[replicas]`, `[replicas.helper]`, `[control]`, `[train]`,
+`[health]`) and everything downstream (rendering, submission, the control plane, the replica
+runtime) reads the same validated `JobSpec`. Validation happens here, once, so that nothing that
+reaches a `#SBATCH` line or a shell line can be malformed or hostile: names are limited to a safe
+charset, Slurm time and memory formats are checked, and every unknown key is an error with a
+did-you-mean (the whitelist idea from submitit, applied to a whole spec).
+
+The schema is the dataclasses themselves: each section's fields (with their type hints and
+defaults) are the only keys accepted, and `--set key=value` overrides are typed by the field they
+target. Cross-field rules (constraint list length, `switches_wait` needs `switches`, the timeout
+ordering heartbeat < allreduce < quorum < join) live in `__post_init__`.
+
+Bad input raises `slurm.errors.InputError(field, value, allowed)`, which the CLI prints as one line
+with exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import os
+import re
+import tomllib
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import hostlist
+
+from slurm.errors import InputError
+
+#: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Run directories: absolute or relative paths without whitespace, quotes or shell syntax.
+SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+-][A-Za-z0-9_./+@=-]*$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (plus UNLIMITED / INFINITE).
+SLURM_TIME = re.compile(
+    r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}"
+    r"|\d+-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)$"
+)
+SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+#: Feature expressions: names joined by & | , with optional [] grouping and *count.
+CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|,\[\]*:-]+$")
+HOSTLIST = re.compile(r"^[A-Za-z0-9_.,\[\]-]+$")
+EMAIL = re.compile(r"^[A-Za-z0-9_.+-]+@[A-Za-z0-9.-]+$")
+MAIL_TYPES = frozenset(
+    {
+        "NONE",
+        "BEGIN",
+        "END",
+        "FAIL",
+        "REQUEUE",
+        "ALL",
+        "INVALID_DEPEND",
+        "STAGE_OUT",
+        "TIME_LIMIT",
+        "TIME_LIMIT_90",
+        "TIME_LIMIT_80",
+        "TIME_LIMIT_50",
+        "ARRAY_TASKS",
+    }
+)
+GRES_FLAGS = frozenset({"enforce-binding", "disable-binding"})
+#: Health check names (the prolog in prolog_epilog/ owns the list and rejects unknown ones).
+CHECK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
+MAX_REPLICAS = 100_000
+
+
+# ---------------------------------------------------------------------------------------------
+# field checks (pure; each raises InputError naming the dotted field)
+
+
+def _name(where: str, value: str | None, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not SAFE_NAME.match(value):
+        raise InputError(where, value, "allowed: 1-64 characters of A-Z a-z 0-9 _ . - (no spaces)")
+
+
+def _time(where: str, value: str | None) -> None:
+    if value is not None and not SLURM_TIME.match(value):
+        raise InputError(
+            where,
+            value,
+            "a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
+        )
+
+
+def _mem(where: str, value: str | None) -> None:
+    if value is not None and not SLURM_MEM.match(value):
+        raise InputError(where, value, "a Slurm memory size: digits with optional K/M/G/T")
+
+
+def _positive(where: str, value: int | None, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise InputError(where, value, f"must be an integer >= {minimum}")
+
+
+def _hostlist(where: str, value: str | None) -> None:
+    if value is None:
+        return
+    if not HOSTLIST.match(value):
+        raise InputError(where, value, "a Slurm hostlist such as node[1-4],gpu7")
+    try:
+        hostlist.expand_hostlist(value)
+    except hostlist.BadHostlist as exc:
+        raise InputError(where, value, f"a valid hostlist ({exc})") from None
+
+
+def _constraint(where: str, value: str) -> None:
+    if not CONSTRAINT.match(value):
+        raise InputError(
+            where, value, "a Slurm feature expression of A-Z a-z 0-9 _ . - joined by & | ,"
+        )
+
+
+def _not_negative(where: str, value: float) -> None:
+    if value < 0:
+        raise InputError(where, value, "must be >= 0")
+
+
+def _port(where: str, value: int) -> None:
+    if not (value == 0 or 1024 <= value <= 65535):
+        raise InputError(where, value, "a port in 1024..65535, or 0 to pick a free one")
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+@dataclass(frozen=True)
+class JobSection:
+    """`[job]`: what the whole run shares (name, run_dir, accounting, environment, setup)."""
+
+    name: str
+    run_dir: str
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Replica jobs are named <name>-rNN and the control job <name>-control.
+        if not isinstance(self.name, str) or not SAFE_NAME.match(self.name) or len(self.name) > 48:
+            raise InputError(
+                "job.name", self.name, "allowed: 1-48 characters of A-Z a-z 0-9 _ . - (no spaces)"
+            )
+        if not self.run_dir or not SAFE_PATH.match(self.run_dir) or ".." in self.run_dir.split("/"):
+            raise InputError(
+                "job.run_dir",
+                self.run_dir,
+                "a path on a shared filesystem of A-Z a-z 0-9 _ . / + - (no spaces or '..')",
+            )
+        for key in ("account", "qos", "partition"):
+            _name(f"job.{key}", getattr(self, key))
+        _time("job.time", self.time)
+        if self.mail_user is not None and not EMAIL.match(self.mail_user):
+            raise InputError("job.mail_user", self.mail_user, "an e-mail address")
+        if self.mail_type is not None:
+            bad = [t for t in self.mail_type.split(",") if t not in MAIL_TYPES]
+            if bad or not self.mail_type:
+                raise InputError(
+                    "job.mail_type",
+                    self.mail_type,
+                    f"comma list of {', '.join(sorted(MAIL_TYPES))}",
+                )
+        for key in self.env:
+            if not ENV_KEY.match(key):
+                raise InputError(f"job.env.{key}", key, "a variable name [A-Za-z_][A-Za-z0-9_]*")
+            if key.startswith(RESERVED_ENV_PREFIXES):
+                raise InputError(
+                    f"job.env.{key}",
+                    key,
+                    "names starting FTHSDP_ or SLURM_ are set by fthsdp/Slurm",
+                )
+            if "\0" in self.env[key]:
+                raise InputError(f"job.env.{key}", self.env[key], "a string without NUL bytes")
+        object.__setattr__(self, "env", types.MappingProxyType(dict(self.env)))
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)
+
+
+@dataclass(frozen=True)
+class HelperSection:
+    """`[replicas.helper]`: a CPU component per replica (data loaders, tokenizers)."""
+
+    command: str
+    nodes: int = 1
+    tasks_per_node: int = 1
+    partition: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command.strip():
+            raise InputError("replicas.helper.command", self.command, "a non-empty shell command")
+        _positive("replicas.helper.nodes", self.nodes)
+        _positive("replicas.helper.tasks_per_node", self.tasks_per_node)
+        _positive("replicas.helper.cpus_per_task", self.cpus_per_task)
+        _name("replicas.helper.partition", self.partition)
+        _mem("replicas.helper.mem", self.mem)
+
+
+@dataclass(frozen=True)
+class ReplicasSection:
+    """`[replicas]`: how many replicas and what each one's Slurm job asks for."""
+
+    count: int
+    nodes: int = 1
+    gpus_per_node: int = 0
+    gpu_type: str | None = None
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    partition: str | None = None
+    switches: int | None = None
+    switches_wait: str | None = None
+    constraint: str | tuple[str, ...] | None = None
+    exclude: str | None = None
+    nodelist: str | None = None
+    exclusive: bool = False
+    gres_flags: str | None = None
+    reservation: str | None = None
+    helper: HelperSection | None = None
+
+    def __post_init__(self) -> None:
+        _positive("replicas.count", self.count)
+        if self.count > MAX_REPLICAS:
+            raise InputError("replicas.count", self.count, f"at most {MAX_REPLICAS}")
+        _positive("replicas.nodes", self.nodes)
+        _positive("replicas.gpus_per_node", self.gpus_per_node, minimum=0)
+        if self.gpu_type is not None:
+            _name("replicas.gpu_type", self.gpu_type)
+            if self.gpus_per_node == 0:
+                raise InputError("replicas.gpu_type", self.gpu_type, "needs gpus_per_node >= 1")
+        if self.tasks_per_node is None:
+            object.__setattr__(self, "tasks_per_node", self.gpus_per_node or 1)
+        _positive("replicas.tasks_per_node", self.tasks_per_node)
+        _positive("replicas.cpus_per_task", self.cpus_per_task)
+        _mem("replicas.mem", self.mem)
+        _name("replicas.partition", self.partition)
+        _name("replicas.reservation", self.reservation)
+        _positive("replicas.switches", self.switches)
+        if self.switches_wait is not None:
+            if self.switches is None:
+                raise InputError(
+                    "replicas.switches_wait", self.switches_wait, "needs replicas.switches set"
+                )
+            _time("replicas.switches_wait", self.switches_wait)
+        if isinstance(self.constraint, tuple):
+            if len(self.constraint) != self.count:
+                raise InputError(
+                    "replicas.constraint",
+                    list(self.constraint),
+                    f"one string, or a list of exactly replicas.count={self.count} strings",
+                )
+            for k, c in enumerate(self.constraint):
+                _constraint(f"replicas.constraint[{k}]", c)
+        elif self.constraint is not None:
+            _constraint("replicas.constraint", self.constraint)
+        _hostlist("replicas.exclude", self.exclude)
+        _hostlist("replicas.nodelist", self.nodelist)
+        if self.gres_flags is not None and self.gres_flags not in GRES_FLAGS:
+            raise InputError("replicas.gres_flags", self.gres_flags, f"one of {sorted(GRES_FLAGS)}")
+
+    @property
+    def tasks(self) -> int:
+        """Ranks per replica (the trainer component)."""
+        assert self.tasks_per_node is not None
+        return self.nodes * self.tasks_per_node
+
+    def constraint_for(self, replica: int) -> str | None:
+        if isinstance(self.constraint, tuple):
+            return self.constraint[replica]
+        return self.constraint
+
+    @property
+    def gres(self) -> str | None:
+        if not self.gpus_per_node:
+            return None
+        if self.gpu_type:
+            return f"gpu:{self.gpu_type}:{self.gpus_per_node}"
+        return f"gpu:{self.gpus_per_node}"
+
+    @property
+    def switches_option(self) -> str | None:
+        if self.switches is None:
+            return None
+        return f"{self.switches}@{self.switches_wait}" if self.switches_wait else str(self.switches)
+
+
+@dataclass(frozen=True)
+class ControlSection:
+    """`[control]`: the small CPU job that runs the quorum service and the coordinator."""
+
+    partition: str | None = None
+    cpus: int = 2
+    mem: str | None = "4G"
+    time: str | None = None
+    lighthouse_port: int = 0
+    coordinator_port: int = 0
+    python: str = "python"
+
+    def __post_init__(self) -> None:
+        _name("control.partition", self.partition)
+        _positive("control.cpus", self.cpus)
+        _mem("control.mem", self.mem)
+        _time("control.time", self.time)
+        _port("control.lighthouse_port", self.lighthouse_port)
+        _port("control.coordinator_port", self.coordinator_port)
+        if self.lighthouse_port and self.lighthouse_port == self.coordinator_port:
+            raise InputError(
+                "control.coordinator_port", self.coordinator_port, "differs from lighthouse_port"
+            )
+        if not SAFE_PATH.match(self.python):
+            raise InputError("control.python", self.python, "an interpreter name or path")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """`[train]`: the user's entry point and the fault-tolerance knobs the runtime reads."""
+
+    command: str
+    steps: int | None = None
+    min_replicas: int = 1
+    max_restarts_per_replica: int = 3
+    restart_window_s: float = 3600
+    heartbeat_timeout_s: float = 2
+    allreduce_timeout_s: float = 5
+    quorum_timeout_s: float = 10
+    join_timeout_s: float = 60
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = 0
+
+    def __post_init__(self) -> None:
+        if not self.command.strip():
+            raise InputError("train.command", self.command, "a non-empty shell command")
+        _positive("train.steps", self.steps)
+        _positive("train.min_replicas", self.min_replicas)
+        _positive("train.max_restarts_per_replica", self.max_restarts_per_replica, minimum=0)
+        for key in ("restart_window_s", "checkpoint_every_s", "checkpoint_every_steps"):
+            _not_negative(f"train.{key}", getattr(self, key))
+        order = ("heartbeat_timeout_s", "allreduce_timeout_s", "quorum_timeout_s", "join_timeout_s")
+        for key in order:
+            if getattr(self, key) <= 0:
+                raise InputError(f"train.{key}", getattr(self, key), "must be > 0 seconds")
+        for lo, hi in itertools.pairwise(order):
+            if not getattr(self, lo) < getattr(self, hi):
+                raise InputError(
+                    f"train.{hi}",
+                    getattr(self, hi),
+                    f"must exceed train.{lo}={getattr(self, lo)} "
+                    "(required: heartbeat < allreduce < quorum < join)",
+                )
+
+
+@dataclass(frozen=True)
+class HealthSection:
+    """`[health]`: which prolog checks this job requires (passed via --comment and env)."""
+
+    checks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for c in self.checks:
+            if not CHECK_NAME.match(c):
+                raise InputError(
+                    "health.checks", c, "check names like 'ecc', 'gpu_count' ([a-z][a-z0-9_]*)"
+                )
+        if len(set(self.checks)) != len(self.checks):
+            raise InputError("health.checks", list(self.checks), "each check at most once")
+
+    @property
+    def comment(self) -> str:
+        """The job comment the prolog reads: `fthsdp:health=ecc,xid` (or `fthsdp:health=`)."""
+        return "fthsdp:health=" + ",".join(self.checks)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated run: the five sections, plus where the spec came from."""
+
+    job: JobSection
+    replicas: ReplicasSection
+    train: TrainSection
+    control: ControlSection = field(default_factory=ControlSection)
+    health: HealthSection = field(default_factory=HealthSection)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.train.min_replicas > self.replicas.count:
+            raise InputError(
+                "train.min_replicas",
+                self.train.min_replicas,
+                f"at most replicas.count={self.replicas.count}",
+            )
+
+    @property
+    def run_dir(self) -> Path:
+        return self.job.run_path
+
+    def replica_name(self, replica: int) -> str:
+        return f"{self.job.name}-r{replica:0{self.replica_digits}d}"
+
+    @property
+    def control_name(self) -> str:
+        return f"{self.job.name}-control"
+
+    @property
+    def replica_digits(self) -> int:
+        return max(2, len(str(self.replicas.count - 1)))
+
+    def replica_script(self, replica: int) -> str:
+        return f"replica-{replica:0{self.replica_digits}d}.sbatch"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (written to run_dir/spec.json at submit)."""
+        data = dataclasses.asdict(self)
+        data["job"]["env"] = dict(self.job.env)
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# generic, schema-driven parsing
+
+_SECTIONS: dict[str, type] = {
+    "job": JobSection,
+    "replicas": ReplicasSection,
+    "control": ControlSection,
+    "train": TrainSection,
+    "health": HealthSection,
+}
+_NESTED: dict[tuple[type, str], type] = {(ReplicasSection, "helper"): HelperSection}
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "none"
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
+    if origin is tuple:
+        return f"list of {_type_name(get_args(tp)[0])}"
+    if origin is Mapping:
+        return "table of strings"
+    names = {int: "integer", float: "number", str: "string", bool: "true/false"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(where: str, value: Any, tp: Any) -> Any:
+    """Check `value` (from TOML) against the field type `tp`; return it in the field's form."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for alt in get_args(tp):
+            if alt is type(None):
+                continue
+            try:
+                return _coerce(where, value, alt)
+            except InputError as exc:
+                errors.append(exc)
+        raise InputError(where, value, f"expected {_type_name(tp)}")
+    if origin is tuple:
+        if isinstance(value, str) and where.endswith("setup"):
+            value = [value]
+        if not isinstance(value, list):
+            raise InputError(where, value, f"expected {_type_name(tp)}")
+        inner = get_args(tp)[0]
+        return tuple(_coerce(f"{where}[{k}]", v, inner) for k, v in enumerate(value))
+    if origin is Mapping:
+        if not isinstance(value, dict):
+            raise InputError(where, value, "expected a table of string values")
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                raise InputError(f"{where}.{k}", v, "expected a string (or number)")
+            out[k] = str(v)
+        return out
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise InputError(where, value, "expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(where, value, "expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(where, value, "expected a number")
+        return float(value)
+    if tp is str:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and where.endswith(("time", "_wait"))
+        ):
+            return str(value)  # `time = 30` means 30 minutes, as in sbatch
+        if not isinstance(value, str):
+            raise InputError(where, value, "expected a string")
+        return value
+    raise TypeError(f"unsupported field type {tp!r}")  # pragma: no cover - schema bug
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    close = close or sorted(c for c in choices if c.startswith(word) or word.startswith(c))[:1]
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"allowed keys: {', '.join(sorted(choices))}{hint}"
+
+
+def _build(cls: type, where: str, table: Any) -> Any:
+    if not isinstance(table, dict):
+        raise InputError(where, table, "expected a table")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    for key in table:
+        if key not in fields:
+            raise InputError(
+                f"{where}.{key}" if where else key, key, _did_you_mean(key, list(fields))
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        dotted = f"{where}.{name}" if where else name
+        if name not in table:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InputError(dotted, None, "required")
+            continue
+        nested = _NESTED.get((cls, name)) or (_SECTIONS.get(name) if cls is JobSpec else None)
+        if nested is not None:
+            kwargs[name] = _build(nested, dotted, table[name])
+        else:
+            kwargs[name] = _coerce(dotted, table[name], hints[name])
+    return cls(**kwargs)
+
+
+def parse_spec(data: Mapping[str, Any], source: str = "") -> JobSpec:
+    """Validate a spec given as plain data (what tomllib returns)."""
+    spec: JobSpec = _build(JobSpec, "", dict(data))
+    return dataclasses.replace(spec, source=source) if source else spec
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides
+
+
+def _field_type(path: list[str]) -> Any:
+    """The type hint of the field a dotted override path targets (None = a free-form table)."""
+    cls: type = JobSpec
+    for k, key in enumerate(path):
+        if cls is JobSpec:
+            if key not in _SECTIONS:
+                raise InputError("--set", ".".join(path), _did_you_mean(key, list(_SECTIONS)))
+            cls = _SECTIONS[key]
+            continue
+        hints = get_type_hints(cls)
+        if key not in hints:
+            raise InputError("--set", ".".join(path), _did_you_mean(key, list(hints)))
+        nested = _NESTED.get((cls, key))
+        if nested is not None:
+            cls = nested
+            continue
+        if get_origin(hints[key]) is Mapping:
+            if k + 2 != len(path):
+                raise InputError("--set", ".".join(path), f"{'.'.join(path[: k + 1])}.NAME=VALUE")
+            return str
+        if k + 1 != len(path):
+            raise InputError("--set", ".".join(path), f"{'.'.join(path[: k + 1])} is not a table")
+        return hints[key]
+    raise InputError("--set", ".".join(path), "a field, not a section")
+
+
+def _parse_literal(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides to raw spec data, typed by the target field.
+
+    A string field takes the text as is; any other field parses it as a TOML value
+    (`4`, `2.5`, `true`, `["a", "b"]`), so validation reports a wrong type against the field.
+    """
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise InputError("--set", item, "KEY=VALUE, e.g. replicas.count=4")
+        tp = _field_type(path)
+        accepts_str = tp is str or (
+            get_origin(tp) in (Union, types.UnionType) and str in get_args(tp)
+        )
+        value: Any = _parse_literal(text)
+        if accepts_str and not isinstance(value, list):
+            value = text
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """Read, override and validate a spec file. Raises InputError on any bad input."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError("SPEC", str(p), "an existing TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError("SPEC", str(p), f"valid TOML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError("SPEC", str(p), f"a readable UTF-8 file ({exc})") from None
+    data = apply_overrides(raw, overrides)
+    job = data.get("job")
+    if isinstance(job, dict) and isinstance(job.get("run_dir"), str) and job["run_dir"]:
+        # Slurm jobs and later commands run from other directories: pin the path now.
+        job["run_dir"] = os.path.abspath(job["run_dir"])
+    return parse_spec(data, source=str(p))

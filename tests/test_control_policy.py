@@ -1,0 +1,325 @@
+"""Table tests for the recovery policy: (state, events) -> actions, including duplicates,
+reordering, Slurm's own requeue and coordinator restarts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from runtime.control.policy import (
+    Cancel,
+    CoordinatorStarted,
+    Directive,
+    Drain,
+    Event,
+    JobObserved,
+    OperatorRequeue,
+    PolicyConfig,
+    Release,
+    ReportReceived,
+    Requeue,
+    RunState,
+    Tick,
+    action_from_dict,
+    action_to_dict,
+    decide,
+    directive_for,
+    event_from_dict,
+    event_to_dict,
+    step,
+)
+from runtime.control.report import ExitCode, ReplicaReport
+
+JOBS = {0: "100", 1: "101", 2: "102"}
+CFG = PolicyConfig(replicas=3, min_replicas=2, max_restarts_per_replica=2, report_timeout_s=30.0)
+
+
+def status(k: int, seq: int, at: float, inc: str = "a", step_: int = 0) -> ReportReceived:
+    rep = ReplicaReport(
+        replica=k, incarnation=f"{k}{inc}", seq=seq, job_id=JOBS[k], nodes=[f"node{k + 1}"],
+        step=step_,
+    )  # fmt: skip
+    return ReportReceived(rep, at)
+
+
+def fatal(
+    k: int,
+    seq: int,
+    at: float,
+    failure: str | None = "process",
+    node: str | None = None,
+    inc: str = "a",
+    exit_code: int | None = None,
+    launch: int | None = None,
+) -> ReportReceived:
+    rep = ReplicaReport(
+        replica=k,
+        incarnation=f"{k}{inc}",
+        seq=seq,
+        kind="fatal",
+        job_id=JOBS[k],
+        failure=failure,  # type: ignore[arg-type]
+        failed_node=node,
+        exit_code=exit_code,
+        launch=launch,
+        last_error="boom",
+    )
+    return ReportReceived(rep, at)
+
+
+def job(k: int, restarts: int, state: str, at: float, job_id: str | None = None) -> JobObserved:
+    return JobObserved(k, job_id or JOBS[k], restarts, state, at, (f"node{k + 1}",))
+
+
+def run(events: list[Event], cfg: PolicyConfig = CFG) -> tuple[RunState, list[list[object]]]:
+    state = RunState.new(cfg, JOBS)
+    out: list[list[object]] = []
+    for ev in events:
+        state, actions = step(state, ev)
+        out.append(list(actions))
+    return state, out
+
+
+def slurm_actions(per_event: list[list[object]]) -> list[object]:
+    return [
+        a for acts in per_event for a in acts if isinstance(a, Drain | Requeue | Release | Cancel)
+    ]
+
+
+WARM = [status(0, 1, 1.0), status(1, 1, 1.0), status(2, 1, 1.0)]
+
+CASES: list[tuple[str, list[Event], list[object]]] = [
+    ("healthy reports do nothing", [*WARM, status(1, 2, 5.0)], []),
+    (
+        "process fault -> relaunch in place, no Slurm action",
+        [*WARM, fatal(1, 2, 5.0)],
+        [],
+    ),
+    (
+        "node fault -> drain, requeue, release",
+        [*WARM, fatal(1, 2, 5.0, "node", "node2")],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "exit code NODE_FAULT without class -> tier 2",
+        [*WARM, fatal(1, 2, 5.0, None, "node2", exit_code=ExitCode.NODE_FAULT)],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "duplicate node-fault report -> one requeue",
+        [*WARM, fatal(1, 2, 5.0, "node", "node2"), fatal(1, 2, 5.1, "node", "node2")],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "worker and supervisor both report the death -> one requeue",
+        [
+            *WARM,
+            fatal(1, 2, 5.0, "node", "node2"),
+            fatal(1, 0, 5.5, None, None, inc="sup", exit_code=ExitCode.NODE_FAULT, launch=0),
+        ],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "our requeue then Slurm shows restart 1 -> nothing more",
+        [*WARM, fatal(1, 2, 5.0, "node", "node2"), job(1, 1, "PENDING", 6.0)],
+        [
+            Drain("node2", "fthsdp: fault: boom", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "Slurm's own requeue -> release only, never requeue",
+        [*WARM, job(1, 1, "PENDING", 6.0)],
+        [Release(1, "101", 0.0)],
+    ),
+    (
+        "Slurm requeued first, the old run's fatal report arrives late -> ignored",
+        [*WARM, job(1, 1, "PENDING", 6.0), fatal(1, 2, 7.0, "node", "node2")],
+        [Release(1, "101", 0.0)],
+    ),
+    (
+        "stale squeue observation (restart count went back) -> ignored",
+        [*WARM, job(1, 1, "PENDING", 6.0), job(1, 0, "RUNNING", 5.0)],
+        [Release(1, "101", 0.0)],
+    ),
+    (
+        "silent replica -> drain its leader node and requeue",
+        [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0)],
+        [
+            Drain("node2", "fthsdp: silent: no report for 44s", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "coordinator restart gives grace: no silence requeue",
+        [*WARM, CoordinatorStarted(100.0), Tick(110.0)],
+        [],
+    ),
+    (
+        "silence tick twice -> one requeue",
+        [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0), Tick(60.0)],
+        [
+            Drain("node2", "fthsdp: silent: no report for 44s", 1),
+            Requeue(1, "101", 0),
+            Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "operator requeue with drain",
+        [*WARM, OperatorRequeue(2, 9.0, "node3", "bad fan")],
+        [
+            Drain("node3", "fthsdp: manual: bad fan", 2),
+            Requeue(2, "102", 0),
+            Release(2, "102", 0.0),
+        ],
+    ),
+    (
+        "user error -> exit for good, nothing on Slurm",
+        [*WARM, fatal(1, 2, 5.0, None, exit_code=ExitCode.USER_ERROR)],
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "events", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_policy_slurm_actions(name: str, events: list[Event], expected: list[object]) -> None:
+    _, per_event = run(events)
+    assert slurm_actions(per_event) == expected
+
+
+def test_process_fault_relaunch_then_new_incarnation_trains() -> None:
+    state, per = run([*WARM, fatal(1, 2, 5.0), status(1, 1, 8.0, inc="b", step_=7)])
+    assert [a for a in per[3] if isinstance(a, Directive)] == [
+        Directive(1, "relaunch", ("101", 0, 0), 0.0)
+    ]
+    r = state.replicas[1]
+    assert (r.phase, r.launch, r.relaunches, r.requeues) == ("training", 1, 1, 0)
+    assert r.step == 7
+
+
+def test_supervisor_directive_lookup() -> None:
+    state, _ = run([*WARM, fatal(1, 2, 5.0)])
+    assert directive_for(state, 1, "101", 0, 0) == ("relaunch", 0.0)
+    assert directive_for(state, 0, "100", 0, 0) == ("continue", 0.0)
+    state, _ = run([*WARM, fatal(1, 2, 5.0, "node", "node2")])
+    assert directive_for(state, 1, "101", 0, 0) == ("requeue", 0.0)
+    assert directive_for(state, 9, "x", 0, 0) == ("exit", 0.0)
+
+
+def test_second_failure_after_relaunch_is_a_new_decision() -> None:
+    events: list[Event] = [
+        *WARM,
+        fatal(1, 2, 5.0),
+        fatal(1, 0, 6.0, inc="sup0", exit_code=ExitCode.PROCESS_FAULT, launch=0),
+        fatal(1, 0, 9.0, inc="sup1", exit_code=ExitCode.PROCESS_FAULT, launch=1),
+    ]
+    state, per = run(events)
+    assert state.replicas[1].relaunches == 2
+    assert state.replicas[1].launch == 1
+    assert [len([a for a in acts if isinstance(a, Directive)]) for acts in per[3:]] == [1, 0, 1]
+
+
+def test_escalation_from_process_to_node_requeues_once() -> None:
+    events: list[Event] = [
+        *WARM,
+        fatal(1, 2, 5.0, "process"),
+        fatal(1, 3, 5.2, "node", "node2"),
+        fatal(1, 4, 5.3, "node", "node2"),
+    ]
+    _, per = run(events)
+    assert [a for a in slurm_actions(per) if isinstance(a, Requeue)] == [Requeue(1, "101", 0)]
+
+
+def test_too_many_failures_leaves_replica_out_while_min_replicas_hold() -> None:
+    events: list[Event] = [*WARM]
+    for launch in range(3):
+        events.append(fatal(1, 0, 10.0 + launch, inc=f"s{launch}", launch=launch))
+    state, _ = run(events)
+    assert state.replicas[1].phase == "out"
+    assert directive_for(state, 1, "101", 0, 2) == ("exit", 0.0)
+    # A second replica over the limit would break min_replicas=2: it backs off instead.
+    for launch in range(3):
+        events.append(fatal(2, 0, 20.0 + launch, inc=f"s{launch}", launch=launch))
+    state, _ = run(events)
+    assert state.replicas[2].phase == "restarting"
+    assert directive_for(state, 2, "102", 0, 2) == ("relaunch", 5.0)
+
+
+def test_failures_outside_window_do_not_count() -> None:
+    cfg = replace(CFG, restart_window_s=10.0)
+    events: list[Event] = [*WARM]
+    for launch in range(6):
+        events.append(fatal(1, 0, 100.0 + 20 * launch, inc=f"s{launch}", launch=launch))
+    state, _ = run(events, cfg)
+    assert state.replicas[1].phase == "restarting"
+    assert state.replicas[1].relaunches == 6
+
+
+def test_out_replica_pending_job_is_cancelled_once() -> None:
+    events: list[Event] = [*WARM]
+    for launch in range(3):
+        events.append(fatal(1, 0, 10.0 + launch, inc=f"s{launch}", launch=launch))
+    events += [job(1, 0, "RUNNING", 20.0), job(1, 0, "RUNNING", 21.0)]
+    _, per = run(events)
+    assert [a for a in slurm_actions(per) if isinstance(a, Cancel)] == [Cancel(1, "101")]
+
+
+def test_requeued_replica_comes_back_and_trains() -> None:
+    events: list[Event] = [
+        *WARM,
+        fatal(1, 2, 5.0, "node", "node2"),
+        job(1, 1, "PENDING", 6.0),
+        job(1, 1, "RUNNING", 9.0),
+        status(1, 1, 12.0, inc="new", step_=40),
+    ]
+    state, _ = run(events)
+    r = state.replicas[1]
+    assert (r.phase, r.restarts, r.requeues, r.slurm_requeues, r.step) == ("training", 1, 1, 0, 40)
+    assert state.drained == {"node2": "fthsdp: fault: boom"}
+
+
+def test_reordered_status_after_fatal_is_ignored() -> None:
+    events: list[Event] = [*WARM, fatal(1, 5, 5.0, "node", "node2"), status(1, 4, 5.1)]
+    state, _ = run(events)
+    assert state.replicas[1].phase == "requeued"
+
+
+def test_decide_is_pure() -> None:
+    state = RunState.new(CFG, JOBS)
+    before = state.to_dict()
+    assert decide(state, fatal(1, 2, 5.0, "node", "node2"))
+    assert state.to_dict() == before
+
+
+def test_events_and_actions_round_trip() -> None:
+    evs: list[Event] = [
+        *WARM,
+        fatal(1, 2, 5.0, "node", "node2"),
+        job(1, 1, "PENDING", 6.0),
+        Tick(7.0),
+        CoordinatorStarted(8.0),
+        OperatorRequeue(0, 9.0, "node1", "x"),
+    ]
+    assert [event_from_dict(event_to_dict(e)) for e in evs] == evs
+    _, per = run(evs)
+    acts = [a for acts in per for a in acts]
+    assert [action_from_dict(action_to_dict(a)) for a in acts] == acts  # type: ignore[arg-type]

@@ -1,0 +1,201 @@
+"""The coordinator refuses what is not an authentic, fresh, well-formed report of a known replica,
+journals the refusal, and changes nothing; its secret is private and it binds where told."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from runtime.control.coordinator import (
+    CoordinatorConfig,
+    ensure_secret,
+    node_address,
+    start_coordinator,
+)
+from runtime.control.policy import PolicyConfig
+from runtime.control.report import (
+    MAX_REPORT_BYTES,
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+    ReplicaReport,
+    read_secret,
+    sign,
+)
+from slurm.backend import JobInfo, NodeInfo
+from slurm.errors import EnvironmentProblem
+
+
+class RecordingBackend:
+    """A `SlurmBackend` that records what it is asked to do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def submit(self, script: Path, args: Sequence[str] = ()) -> str:
+        raise NotImplementedError
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue", job_id))
+
+    def release(self, job_id: str) -> None:
+        self.calls.append(("release", job_id))
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        self.calls.append(("cancel", *job_ids))
+
+    def drain(self, node: str, reason: str) -> bool:
+        self.calls.append(("drain", node, reason))
+        return True
+
+    def resume(self, node: str) -> bool:
+        return False
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        return [JobInfo(j, "x", "RUNNING", "node1", 0, "") for j in job_ids]
+
+    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        return []
+
+
+def _report(replica: int = 1, seq: int = 1, **kw: Any) -> bytes:
+    return ReplicaReport(replica=replica, incarnation="i", seq=seq, job_id="101", **kw).to_json()
+
+
+async def _scenario(run_dir: Path) -> dict[str, Any]:
+    backend = RecordingBackend()
+    cfg = CoordinatorConfig(
+        run_dir=run_dir,
+        policy=PolicyConfig(replicas=2),
+        job_ids={0: "100", 1: "101"},
+        poll_jobs=False,
+    )
+    running = await start_coordinator(cfg, backend)
+    secret = read_secret(run_dir / "secret")
+    url = running.url + "/v1/reports"
+    results: dict[str, Any] = {"url": running.url}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def post(body: bytes, headers: dict[str, str]) -> int:
+                async with http.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    return resp.status
+
+            async def state() -> Any:
+                async with http.get(running.url + "/v1/state") as resp:
+                    data = await resp.json()
+                data.pop("coordinator_started_at")
+                return data
+
+            before = await state()
+            fatal = _report(kind="fatal", failure="node", failed_node="node2")
+            good = sign(secret, fatal)
+            forged = dict(good, **{SIGNATURE_HEADER: "0" * 64})
+            other_key = sign(b"not-the-secret", fatal)
+            stale = sign(secret, fatal, now=1_000_000.0)
+            big = b"{" + b" " * (MAX_REPORT_BYTES + 10) + b"}"
+            unknown = _report(replica=7, kind="fatal", failure="node")
+            cases = {
+                "unsigned": (fatal, {"Content-Type": "application/json"}),
+                "forged": (fatal, forged),
+                "wrong key": (fatal, other_key),
+                "stale": (fatal, stale),
+                "tampered body": (fatal.replace(b"node2", b"node3"), good),
+                "oversized": (big, sign(secret, big)),
+                "not json": (b"{not json", sign(secret, b"{not json")),
+                "json list": (b"[1]", sign(secret, b"[1]")),
+                "unknown field": (b'{"replica":1,"seq":1,"incarnation":"i","x":1}', None),
+                "wrong type": (b'{"replica":"1","seq":1,"incarnation":"i"}', None),
+                "unknown replica": (unknown, sign(secret, unknown)),
+            }
+            statuses = {}
+            for name, (body, headers) in cases.items():
+                statuses[name] = await post(body, headers or sign(secret, body))
+            results["statuses"] = statuses
+            results["unchanged"] = (await state()) == before
+            results["calls_after_refusals"] = list(backend.calls)
+            results["accepted"] = await post(fatal, good)
+            results["replayed"] = await post(fatal, good)
+            replay_new_sig = sign(secret, fatal)
+            replay_new_sig[NONCE_HEADER] = good[NONCE_HEADER]
+            results["replayed_nonce"] = await post(fatal, replay_new_sig)
+            for _ in range(50):
+                if len(backend.calls) >= 3:
+                    break
+                await asyncio.sleep(0.05)
+            results["calls"] = list(backend.calls)
+            async with http.get(running.url + "/v1/replicas/1/directive?job=101") as resp:
+                results["directive"] = await resp.json()
+        results["rejections"] = running.coordinator.journal.rejections()
+    finally:
+        await running.close()
+    return results
+
+
+@pytest.mark.timeout(60)
+def test_refusals_change_nothing_and_are_journaled(tmp_path: Path) -> None:
+    res = asyncio.run(_scenario(tmp_path))
+    statuses = res["statuses"]
+    assert all(400 <= s < 500 for s in statuses.values()), statuses
+    assert statuses["unsigned"] == 401
+    assert statuses["forged"] == statuses["wrong key"] == statuses["stale"] == 401
+    assert statuses["oversized"] == 413
+    assert statuses["unknown replica"] == 404
+    assert statuses["not json"] == statuses["unknown field"] == statuses["wrong type"] == 400
+    assert res["unchanged"]
+    assert res["calls_after_refusals"] == []
+    assert len(res["rejections"]) == len(statuses) + 2  # and the two replays below
+    # The authentic report acts once; replaying it (as-is or with a fresh signature over the
+    # same nonce) is refused.
+    assert res["accepted"] == 200
+    assert res["replayed"] == 409
+    assert res["replayed_nonce"] == 401  # a reused nonce under a new MAC does not verify
+    assert res["calls"] == [
+        ("drain", "node2", "fthsdp: fault: exit None"),
+        ("requeue", "101"),
+        ("release", "101"),
+    ]
+    assert res["directive"] == {"directive": "requeue", "delay_s": 0.0}
+
+
+def test_secret_is_private(tmp_path: Path) -> None:
+    ensure_secret(tmp_path)
+    mode = stat.S_IMODE((tmp_path / "secret").stat().st_mode)
+    assert mode == 0o600
+    os.chmod(tmp_path / "secret", 0o644)
+    with pytest.raises(EnvironmentProblem, match="0600"):
+        ensure_secret(tmp_path)
+
+
+@pytest.mark.timeout(30)
+def test_binds_only_where_told(tmp_path: Path) -> None:
+    async def run() -> list[Any]:
+        cfg = CoordinatorConfig(
+            run_dir=tmp_path, policy=PolicyConfig(replicas=1), host="127.0.0.1", poll_jobs=False
+        )
+        running = await start_coordinator(cfg, RecordingBackend())
+        try:
+            return list(running.runner.addresses)
+        finally:
+            await running.close()
+
+    addresses = asyncio.run(run())
+    assert [a[0] for a in addresses] == ["127.0.0.1"]
+    assert node_address() not in ("0.0.0.0", "::", "")
+
+
+def test_control_file_is_written_atomically(tmp_path: Path) -> None:
+    from runtime.control.coordinator import write_control_file
+
+    write_control_file(tmp_path, {"coordinator": "http://a:1"})
+    write_control_file(tmp_path, {"coordinator": "http://b:2"})
+    assert json.loads((tmp_path / "control.json").read_text()) == {"coordinator": "http://b:2"}
+    assert [p.name for p in tmp_path.iterdir()] == ["control.json"]
