@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import ledger
+from runtime.api_files import FINISHED_MARKER, list_final_shards
 from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
 from runtime.steptiming import SLOW_FACTOR_ENV, SlowFault, StepTimer, rank_timing_every
@@ -63,6 +64,7 @@ log = logging.getLogger("fthsdp.runtime")
 
 #: Test hook: "REPLICA:RANK:STEP" makes that rank vote "no" once at that training step.
 INJECT_VOTE_NO_ENV = "FTHSDP_INJECT_VOTE_NO"
+
 
 
 class FatalWorkerError(RuntimeError):
@@ -153,6 +155,7 @@ class FTHSDP:
         self._inject = self._parse_injection()
         self._first_quorum = True
         self._finished = False
+        self._reached_end = False
         self._progress_file: Any = None
         self._ledger_file: Any = None
         self.reporter: Any = None
@@ -375,6 +378,10 @@ class FTHSDP:
         """Quorum for the next step; None when training is over."""
         if self._finished:
             return None
+        if self._first_quorum and (self.env.run_dir / FINISHED_MARKER).exists():
+            print("fthsdp: the run has already finished; nothing to do", file=sys.stderr)
+            self._finished = True
+            return None
         while True:
             self._check_watchdog()
             self._quorum()
@@ -385,6 +392,9 @@ class FTHSDP:
             if max_step - 1 >= self.env.steps:
                 self._sync_step("final")
                 self._finished = True
+                self._reached_end = True
+                if self.env.is_leader:
+                    (self.env.run_dir / FINISHED_MARKER).write_text(str(self.env.steps))
                 return None
             participating = self.manager.is_participating()
             participant = self.manager.participating_rank() if participating else None
@@ -603,7 +613,7 @@ class FTHSDP:
 
     def finish(self) -> None:
         """Write this rank's final local shards, stop the side services, shut torchft down."""
-        if self.model is not None:
+        if self.model is not None and self._reached_end:
             final = self.env.run_dir / "final"
             final.mkdir(parents=True, exist_ok=True)
             shards = {n: _local(p).detach().cpu().clone() for n, p in self.model.named_parameters()}
@@ -673,12 +683,3 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: _to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-def list_final_shards(run_dir: Path) -> dict[int, dict[int, Path]]:
-    """replica -> rank -> final shard file, as written by `FTHSDP.finish`."""
-    out: dict[int, dict[int, Path]] = {}
-    for path in sorted((run_dir / "final").glob("r*_rank*.pt")):
-        replica, rank = path.stem[1:].split("_rank")
-        out.setdefault(int(replica), {})[int(rank)] = path
-    return out

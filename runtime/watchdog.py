@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,13 +30,11 @@ CHEAP_CHECKS = ("xid", "gpu-count", "ecc")
 def check_options(env: Mapping[str, str]) -> dict[str, Any]:
     """`run_checks` keyword arguments from the environment (only those that are set)."""
     out: dict[str, Any] = {}
-    for key, var in (
-        ("gpu_source", "FTHSDP_GPU_SOURCE"),
-        ("sysfs_root", "FTHSDP_SYSFS_ROOT"),
-        ("kernel_log", "FTHSDP_KERNEL_LOG"),
-    ):
+    if env.get("FTHSDP_GPU_SOURCE"):
+        out["gpu_source"] = env["FTHSDP_GPU_SOURCE"]
+    for key, var in (("sysfs_root", "FTHSDP_SYSFS_ROOT"), ("kernel_log", "FTHSDP_KERNEL_LOG")):
         if env.get(var):
-            out[key] = env[var]
+            out[key] = Path(env[var])
     return out
 
 
@@ -45,10 +44,8 @@ def verdict_of(result: Any) -> tuple[str, list[str]] | None:
         return None
     evidence = []
     for check in getattr(result, "checks", []) or []:
-        if not getattr(check, "ok", getattr(check, "healthy", True)):
-            name = getattr(check, "name", "check")
-            detail = getattr(check, "detail", getattr(check, "message", ""))
-            evidence.append(f"{name}: {detail}".strip())
+        if getattr(check, "status", "pass") in ("fail", "error"):
+            evidence.append(f"{check.name}: {check.detail}".strip())
     reason = getattr(result, "drain_reason", None) or "fthsdp: health check failed"
     return str(reason), evidence or [str(reason)]
 
@@ -76,7 +73,7 @@ class NodeWatchdog:
 
     def _checker(self) -> Callable[..., Any]:
         if self._run_checks is None:
-            from prolog_epilog import run_checks  # type: ignore[attr-defined]
+            from prolog_epilog import run_checks
 
             self._run_checks = run_checks
         return self._run_checks

@@ -1,0 +1,131 @@
+"""`fthsdp run --local SPEC`: run a spec's FT-HSDP job on this machine, with optional faults.
+
+Thin: load the spec, build a `runtime.local_launcher.LaunchConfig`, run it while a rich table
+shows each replica's step, state and restarts, then print the summary (or one JSON object with
+`--json`). torch is imported only inside the command, by the launcher's weight comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from slurm.errors import InputError
+
+
+def _status_table(replicas: list[Any]) -> Table:
+    table = Table(title="fthsdp run --local")
+    for col in ("replica", "step", "state", "restarts"):
+        table.add_column(col)
+    for rs in replicas:
+        table.add_row(str(rs.replica), str(rs.step), rs.state, str(len(rs.restarts)))
+    return table
+
+
+def _summary_table(summary: Any) -> Table:
+    table = Table(title="run summary", show_header=False)
+    rows = [
+        ("steps", f"{summary.steps}/{summary.target_steps}"),
+        ("failures injected", str(len(summary.failures))),
+        ("max healthy-replica stall", f"{summary.max_healthy_stall_s:.2f} s"),
+        ("rejoin (from relaunch)", ", ".join(f"{x:.2f} s" for x in summary.rejoin_s) or "-"),
+        ("median step", f"{summary.median_step_s * 1000:.0f} ms"),
+        ("ETTR", f"{summary.ettr:.2f}"),
+        ("final weights agree", str(summary.weights_agree)),
+        ("ledger exactly-once", str(summary.ledger_ok)),
+        ("replicas out", ", ".join(map(str, summary.replicas_out)) or "-"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--local", "local", is_flag=True, help="Run replicas as local processes.")
+@click.option("--replicas", type=int, default=None, help="Override replicas.count.")
+@click.option("--ranks-per-replica", type=int, default=None, help="Ranks (processes) per replica.")
+@click.option("--steps", type=int, default=None, help="Override train.steps.")
+@click.option("--kill-replica", type=int, default=None, help="kill -9 this replica once ...")
+@click.option("--at-step", type=int, default=None, help="... when it reaches this step.")
+@click.option("--chaos-mtbf", type=float, default=None, help="Random kills, mean seconds apart.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the chaos kills.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--resume", is_flag=True, help="Keep durable checkpoints from an earlier run.")
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a spec field, e.g. --set train.steps=50 (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def run(
+    spec: Path,
+    local: bool,
+    replicas: int | None,
+    ranks_per_replica: int | None,
+    steps: int | None,
+    kill_replica: int | None,
+    at_step: int | None,
+    chaos_mtbf: float | None,
+    seed: int,
+    run_dir: Path | None,
+    resume: bool,
+    timeout_s: float,
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Run SPEC's training job locally: the quorum service plus R x W worker processes.
+
+    A replica whose processes die is restarted (the local stand-in for a requeue); the others
+    keep training. Exit 0 when all steps committed, the final weights agree and the data ledger
+    shows every sample exactly once; 1 otherwise.
+    """
+    if not local:
+        raise InputError("--local", False, "only --local runs here; use `fthsdp submit` on Slurm")
+    if (kill_replica is None) != (at_step is None):
+        raise InputError("--kill-replica/--at-step", (kill_replica, at_step), "give both or neither")
+    if chaos_mtbf is not None and chaos_mtbf <= 0:
+        raise InputError("--chaos-mtbf", chaos_mtbf, "a positive number of seconds")
+    from runtime.local_launcher import LocalLauncher, clear_run_state, config_from_spec
+    from slurm.spec import load_spec
+
+    job = load_spec(spec, overrides)
+    cfg = config_from_spec(
+        job,
+        replicas=replicas,
+        ranks_per_replica=ranks_per_replica,
+        steps=steps,
+        run_dir=run_dir.resolve() if run_dir is not None else None,
+        kill_replica=kill_replica,
+        kill_at_step=at_step,
+        chaos_mtbf_s=chaos_mtbf,
+        seed=seed,
+        run_timeout_s=timeout_s,
+    )
+    clear_run_state(cfg.run_dir, keep_checkpoints=resume)
+    err = Console(stderr=True)
+    if as_json or not err.is_terminal:
+        summary = LocalLauncher(cfg).run()
+    else:
+        with Live(_status_table([]), console=err, refresh_per_second=4) as live:
+            summary = LocalLauncher(cfg, lambda rs: live.update(_status_table(rs))).run()
+    if as_json:
+        click.echo(json.dumps(asdict(summary), sort_keys=True))
+    else:
+        Console().print(_summary_table(summary))
+        if summary.error:
+            err.print(f"[red]{summary.error}[/]")
+        for problem in summary.ledger_problems[:5]:
+            err.print(f"[yellow]ledger:[/] {problem}")
+    if not summary.ok:
+        raise SystemExit(1)
