@@ -8,10 +8,10 @@ that wait for it. `StepTimer` accumulates the wait (the FSDP all-reduce hook run
 `waiting()`); compute is the rest of the step.
 
 `SlowFault` is the simulated gray failure used by tests, demos and benchmarks: a rank whose
-"GPU" runs at 1/FACTOR speed. The factor comes from `FTHSDP_SLOW_FACTOR`, or from the file named by
-`FTHSDP_SLOW_FILE` (re-read at most once a second, so a fault can be injected into and removed
-from a running replica: `fthsdp cluster inject NODE --fault slow=2` writes it for a dev node,
-the local launcher's chaos option for a replica). The rank then stretches each step's compute by
+"GPU" runs at 1/FACTOR speed. The factor comes from `FTHSDP_SLOW_FACTOR`, or from the file
+named by `FTHSDP_SLOW_FILE` (`{node}` in it is this node's name; re-read at most once a second,
+so a fault can be injected into and removed from a running replica: `fthsdp cluster inject NODE
+--fault slow=2` writes it for a dev node). The rank then stretches each step's compute by
 sleeping (FACTOR - 1) x its measured compute, which is how a throttled GPU looks from outside.
 No torch here: the worker calls in.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -80,7 +81,10 @@ class SlowFault:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SlowFault:
         factor = parse_factor(env[SLOW_FACTOR_ENV]) if env.get(SLOW_FACTOR_ENV) else 1.0
-        path = Path(env[SLOW_FILE_ENV]) if env.get(SLOW_FILE_ENV) else None
+        path = None
+        if env.get(SLOW_FILE_ENV):
+            node = env.get("SLURMD_NODENAME") or socket.gethostname()
+            path = Path(env[SLOW_FILE_ENV].replace("{node}", node))
         return cls(factor, path)
 
     @property
