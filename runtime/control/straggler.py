@@ -582,3 +582,112 @@ class StragglerMonitor:
                 self.note_requeue(v.replica, now)
             out.append(d)
         return out
+
+
+# -- coordinator glue -------------------------------------------------------------------------
+
+#: Policy phases in which a replica is doing useful work (for ETTR) / counts as participating.
+_PRODUCTIVE = ("training",)
+_PARTICIPATING = ("training", "healing")
+_IN_FLIGHT = ("requeued", "pending", "starting", "restarting")
+
+
+class StragglerService:
+    """What the coordinator holds for stragglers and metrics, behind three small hooks.
+
+    `on_report` feeds the monitor and turns its eviction decisions into the policy's
+    `StragglerEviction` events (the tier-2 path: drain + requeue); `on_actions` tells the monitor
+    about the policy's other requeues (their cost is measured); `view` adds the verdicts, the
+    replicas' timings, ETTR so far and the requeue counts to the coordinator's state view (which
+    `fthsdp status` and `/metrics` read).
+    """
+
+    def __init__(
+        self,
+        min_replicas: int,
+        total_steps: int | None = None,
+        detect: StragglerConfig | None = None,
+        evict: EvictionConfig | None = None,
+        past_evictions: int = 0,
+    ) -> None:
+        evict = evict or EvictionConfig(min_replicas=min_replicas)
+        self.monitor = StragglerMonitor(detect, evict, total_steps)
+        self.monitor.evictions = past_evictions
+        self.decisions: dict[int, StragglerDecision] = {}
+        self.phase_seconds: dict[int, dict[str, float]] = {}
+        self._phase_at: dict[int, tuple[str, float]] = {}
+
+    def on_report(self, report: Any, state: Any, now: float, at: float) -> list[Any]:
+        """Observe one accepted report (monotonic `now`); the policy events to submit."""
+        from runtime.control.policy import StragglerEviction
+
+        self.monitor.observe(report, now)
+        reps = state.replicas.values()
+        participants = sum(1 for r in reps if r.phase in _PARTICIPATING)
+        in_flight = any(r.phase in _IN_FLIGHT or r.handled is not None for r in reps)
+        events = []
+        for d in self.monitor.decisions(participants, now, in_flight):
+            self.decisions[d.replica] = d
+            if d.action == "evict":
+                detail = d.reason.split("straggler: ", 1)[-1]
+                node = d.node if d.drain else None
+                events.append(StragglerEviction(d.replica, at, node, detail))
+        return events
+
+    def on_actions(self, actions: Iterable[Any], now: float) -> None:
+        from runtime.control.policy import Requeue
+
+        for a in actions:
+            if isinstance(a, Requeue) and a.replica not in self.monitor._requeued_at:
+                self.monitor.note_requeue(a.replica, now)
+
+    def account(self, state: Any, now: float) -> None:
+        """Accumulate each replica's time per policy phase (monotonic), for ETTR."""
+        for k, r in state.replicas.items():
+            last = self._phase_at.get(k)
+            if last is not None:
+                spent = self.phase_seconds.setdefault(k, {})
+                spent[last[0]] = spent.get(last[0], 0.0) + max(0.0, now - last[1])
+            self._phase_at[k] = (r.phase, now)
+
+    def ettr(self) -> float | None:
+        total = sum(sum(p.values()) for p in self.phase_seconds.values())
+        if total <= 0:
+            return None
+        good = sum(p.get(n, 0.0) for p in self.phase_seconds.values() for n in _PRODUCTIVE)
+        return good / total
+
+    def view(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Extend the coordinator's state view (a dict from `RunState.to_dict`) in place."""
+        by_replica = {v.replica: v for v in self.monitor.verdicts()}
+        tracks = self.monitor.state.tracks
+        for row in data.get("replicas", []):
+            k = row["replica"]
+            v = by_replica.get(k)
+            row["straggler"] = v.state if v else None
+            row["straggler_factor"] = v.factor if v else None
+            row["straggler_text"] = describe(v) if v else None
+            t = tracks.get(k)
+            if t is not None:
+                row["compute_s"] = t.latest.compute_s
+                row["allreduce_wait_s"] = t.latest.allreduce_wait_s
+                row["step_time_s"] = t.latest.step_time_s
+                row["healing"] = t.latest.healing
+        reps = data.get("replicas", [])
+        evictions = self.monitor.evictions
+        requeues = sum(int(r.get("requeues", 0)) for r in reps)
+        data["stragglers"] = [v.to_dict() for v in by_replica.values() if v.state != "ok"]
+        data["straggler_decisions"] = [d.to_dict() for _, d in sorted(self.decisions.items())]
+        data["evictions"] = evictions
+        data["requeue_costs_s"] = list(self.monitor.requeue_costs)
+        data["requeues_by_reason"] = {
+            "relaunch": sum(int(r.get("relaunches", 0)) for r in reps),
+            "slurm": sum(int(r.get("slurm_requeues", 0)) for r in reps),
+            "straggler": evictions,
+            "fault": max(0, requeues - evictions),
+        }
+        data["ettr"] = self.ettr()
+        config = data.get("config", {})
+        data.setdefault("replicas_configured", config.get("replicas"))
+        data.setdefault("min_replicas", config.get("min_replicas"))
+        return data
