@@ -5,49 +5,17 @@ and exported on /metrics; a restarted coordinator remembers the eviction."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_control_security import RecordingBackend  # the fake Slurm that records calls
 
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import ReplicaReport, read_secret, sign
-from slurm.backend import JobInfo, NodeInfo
-
-
-class RecordingBackend:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-
-    def submit(self, script: Path, args: Sequence[str] = ()) -> str:
-        raise NotImplementedError
-
-    def requeue(self, job_id: str) -> None:
-        self.calls.append(("requeue", job_id))
-
-    def release(self, job_id: str) -> None:
-        self.calls.append(("release", job_id))
-
-    def cancel(self, job_ids: Iterable[str]) -> None:
-        self.calls.append(("cancel", *job_ids))
-
-    def drain(self, node: str, reason: str) -> bool:
-        self.calls.append(("drain", node, reason))
-        return True
-
-    def resume(self, node: str) -> bool:
-        return False
-
-    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
-        return [JobInfo(j, "x", "RUNNING", "node1", 0, "") for j in job_ids]
-
-    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
-        return []
-
 
 JOBS = {0: "100", 1: "101", 2: "102"}
 
