@@ -21,12 +21,39 @@ def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
 
     record = read_run(run_dir)
     queued = backend.jobs(record.job_ids)
-    return {
+    data = {
         "name": record.name,
         "run_dir": record.run_dir,
         "submitted_at": record.submitted_at,
         "jobs": job_rows(record, queued),
     }
+    view = coordinator_view(run_dir)
+    if view is not None:
+        data["stragglers"] = straggler_rows(view)
+    return data
+
+
+def coordinator_view(run_dir: Path, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The coordinator's `/v1/state`, or None when the control plane is not reachable."""
+    import urllib.request
+
+    try:
+        url = json.loads((run_dir / "control.json").read_text())["coordinator"]
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/state", timeout=timeout_s) as resp:
+            view = json.loads(resp.read())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return view if isinstance(view, dict) else None
+
+
+def straggler_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """Straggler verdicts (suspects and stragglers) with the decision taken for each."""
+    decisions = {d["replica"]: d for d in view.get("straggler_decisions", [])}
+    rows = []
+    for v in view.get("stragglers", []):
+        d = decisions.get(v["replica"], {})
+        rows.append({**v, "action": d.get("action"), "why": d.get("why")})
+    return rows
 
 
 def _present(status: dict[str, Any]) -> None:
@@ -46,7 +73,14 @@ def _present(status: dict[str, Any]) -> None:
             "-" if row["restarts"] is None else str(row["restarts"]),
             row["reason"] if row["reason"] not in ("None", "") else "",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for v in status.get("stragglers", []):
+        text = f"replica {v['replica']}: {v['state']} {v['factor'] or 0:.1f}x"
+        text += f" on {v['slow_node'] or 'unknown node'} for {v['steps']} steps"
+        if v.get("action"):
+            text += f" -> {v['action']} ({v['why']})"
+        console.print(text)
 
 
 @click.command()
