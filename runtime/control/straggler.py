@@ -423,16 +423,16 @@ def requeue_cost(ctx: RunContext, config: EvictionConfig) -> float:
 def run_slowdown(verdict: StragglerVerdict, run_step_time_s: float | None) -> float | None:
     """Fraction by which the straggler lengthens the run's steps: (T_now - T_normal) / T_normal.
 
-    The excess is the straggler's compute time over its peers' median; `T_normal` is the run's
-    measured step time minus that excess. Without a run step time, the compute-only bound
-    (factor - 1) is used.
+    The excess is the straggler's compute time over its peers' median; `T_now` is the run's
+    measured step time, but never less than the straggler's compute (a replica's reported step
+    time may leave out the time it waited for the straggler at the quorum), and `T_normal` is
+    `T_now` minus the excess.
     """
     if verdict.compute_s is None or verdict.peer_median_s is None:
         return None
     excess = max(0.0, verdict.compute_s - verdict.peer_median_s)
-    if run_step_time_s is not None and run_step_time_s > excess:
-        return excess / (run_step_time_s - excess)
-    return excess / verdict.peer_median_s if verdict.peer_median_s > 0 else None
+    step = max(run_step_time_s or 0.0, verdict.compute_s)
+    return excess / (step - excess) if step > excess else None
 
 
 def decide(
@@ -465,9 +465,7 @@ def decide(
     cost = requeue_cost(ctx, config)
     if slowdown is None or ctx.remaining_steps is None:
         return report("slowdown or remaining time unknown", slowdown=slowdown, cost_s=cost)
-    step_s = ctx.run_step_time_s
-    if step_s is None:
-        step_s = verdict.compute_s or 0.0
+    step_s = max(ctx.run_step_time_s or 0.0, verdict.compute_s or 0.0)
     normal_step_s = step_s / (1.0 + slowdown)
     remaining_s = max(0, ctx.remaining_steps) * normal_step_s
     gain = slowdown * remaining_s
@@ -528,7 +526,10 @@ class StragglerMonitor:
         self._announced: dict[int, tuple[str, str, str]] = {}
 
     def observe(self, report: Any, received_at: float) -> None:
-        sample = TimingSample.from_report(report, received_at)
+        self.observe_sample(TimingSample.from_report(report, received_at))
+
+    def observe_sample(self, sample: TimingSample) -> None:
+        received_at = sample.received_at
         pending = self._requeued_at.get(sample.replica)
         if pending is not None and sample.incarnation != pending[0] and not sample.healing:
             if received_at >= pending[1]:
