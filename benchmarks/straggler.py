@@ -20,6 +20,7 @@ no-straggler run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -46,7 +47,7 @@ def commits(run_dir: Path, replica: int) -> list[dict[str, Any]]:
 
 def step_intervals(events: list[dict[str, Any]], lo: float, hi: float) -> list[float]:
     ts = [e["t"] for e in events if lo <= e["t"] <= hi and not e.get("healing")]
-    return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(ts)]
 
 
 def run(steps: int, window: int, slow: bool, base: Path) -> tuple[Any, Path]:
