@@ -57,6 +57,7 @@ from runtime import ledger
 from runtime.api_files import FINISHED_MARKER
 from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
+from runtime.steptiming import SLOW_FACTOR_ENV, SlowFault, StepTimer, rank_timing_every
 
 log = logging.getLogger("fthsdp.runtime")
 
@@ -141,6 +142,14 @@ class FTHSDP:
         self._last_participant: int | None = None
         self._replica_batch = 0
         self._step_times: list[float] = []
+        # Straggler measurements (runtime.steptiming): own compute vs. cross-replica wait.
+        self._timer = StepTimer()
+        try:
+            self._slow = SlowFault.from_env(os.environ)
+        except ValueError as exc:
+            raise FatalWorkerError(f"bad {SLOW_FACTOR_ENV}: {exc}", ExitCode.BAD_ENV) from None
+        self._rank_timing_every = rank_timing_every()
+        self._rank_compute: list[float] = []
         self._inject = self._parse_injection()
         self._first_quorum = True
         self._finished = False
@@ -277,9 +286,11 @@ class FTHSDP:
             fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         manager = self.manager
+        timer = self._timer
 
         def all_reduce_hook(grad: torch.Tensor) -> None:
-            manager.allreduce(grad).wait()
+            with timer.waiting():
+                manager.allreduce(grad).wait()
 
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -398,6 +409,7 @@ class FTHSDP:
                 slot=ledger.assign(self.cursor, participant, k, self._replica_batch),
                 started=time.monotonic(),
             )
+            self._timer.begin()
             return self._plan
 
     def report_error(self, exc: Exception) -> None:
@@ -411,6 +423,7 @@ class FTHSDP:
         if self._inject == (self.env.replica_id, self.env.rank, plan.step):
             self._inject = None
             self.manager.report_error(RuntimeError("injected vote 'no' (test hook)"))
+        compute_s = self._measure_compute(plan)
         try:
             ok = self.manager.should_commit()
         except Exception as exc:
@@ -446,6 +459,8 @@ class FTHSDP:
             participants=plan.participants,
             healing=healing,
             step_s=step_s,
+            compute_s=compute_s,
+            wait_s=self._timer.wait_s,
             error=str(error) if error else None,
         )
         if self.reporter is not None:
@@ -455,10 +470,30 @@ class FTHSDP:
                 participants=plan.participants,
                 healing=healing,
                 step_time_s=step_s,
+                compute_s=compute_s,
+                allreduce_wait_s=self._timer.wait_s,
+                rank_compute_s=list(self._rank_compute),
                 cursor=self.cursor,
                 last_error=str(error).splitlines()[0] if error else None,
             )
         return ok
+
+    def _measure_compute(self, plan: StepPlan) -> float:
+        """This rank's compute in the step (slowed by the slow fault), gathered to the leader
+        every few steps so the coordinator can name the slow rank's node."""
+        compute_s = self._timer.compute_s(plan.started)
+        delay = self._slow.delay_s(compute_s) if self._slow.active else 0.0
+        if delay > 0:
+            time.sleep(delay)
+            compute_s += delay
+        if plan.step % self._rank_timing_every == 0 and self.env.world_size > 1:
+            mine = torch.tensor([compute_s], dtype=torch.float64, device=self.device)
+            parts = [torch.zeros_like(mine) for _ in range(self.env.world_size)]
+            dist.all_gather(parts, mine)
+            self._rank_compute = [float(t.item()) for t in parts]
+        elif self.env.world_size == 1:
+            self._rank_compute = [compute_s]
+        return compute_s
 
     def _after_commit(self) -> None:
         if self.checkpointer is not None:

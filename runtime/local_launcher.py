@@ -67,6 +67,15 @@ class LaunchConfig:
     #: No chaos kill once a replica passed this fraction of the steps, so that restarted
     #: replicas can rejoin before the end and the final weights of all of them can be compared.
     chaos_stop_fraction: float = 0.7
+    #: Straggler chaos: this replica's first incarnation runs `slow_factor` times slower (its
+    #: "node" is bad); a restart lands on a healthy "node". Detection and eviction run here as
+    #: the coordinator runs them on Slurm (`runtime.control.straggler`); eviction = restart.
+    slow_replica: int | None = None
+    slow_factor: float = 2.0
+    straggler_window_steps: int = 50
+    straggler_evict: bool = True
+    #: The local restart cost the eviction decision weighs until the run measured its own.
+    straggler_requeue_cost_s: float = 5.0
 
 
 @dataclass
@@ -79,6 +88,7 @@ class Failure:
     t_joined: float | None = None
     t_rejoin: float | None = None
     exit_codes: list[int] = field(default_factory=list)
+    detail: str = ""
 
 
 @dataclass
@@ -118,6 +128,8 @@ class RunSummary:
     finished_replicas: list[int]
     ok: bool
     error: str | None = None
+    #: Straggler decisions taken (replica, action, why, t, step), oldest first.
+    straggler_decisions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -165,6 +177,18 @@ class LocalLauncher:
         self._next_chaos: float | None = None
         self._any_done = False
         self._t0 = 0.0
+        from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerMonitor
+
+        self.stragglers = StragglerMonitor(
+            StragglerConfig(window_steps=cfg.straggler_window_steps),
+            EvictionConfig(
+                mode="exclude" if cfg.straggler_evict else "report",
+                min_replicas=cfg.min_replicas,
+                requeue_cost_estimate_s=cfg.straggler_requeue_cost_s,
+            ),
+            total_steps=cfg.steps,
+        )
+        self.straggler_decisions: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- processes
     def _start_lighthouse(self) -> None:
@@ -232,10 +256,13 @@ class LocalLauncher:
         logs = self.cfg.run_dir / "logs"
         for rank in range(self.cfg.ranks_per_replica):
             out = open(logs / f"r{rs.replica}_w{rank}_i{rs.incarnation}.log", "wb")  # noqa: SIM115
+            env = self._env(rs.replica, rank, port)
+            if rs.replica == self.cfg.slow_replica and rs.incarnation == 0:
+                env["FTHSDP_SLOW_FACTOR"] = str(self.cfg.slow_factor)
             rs.procs.append(
                 subprocess.Popen(
                     resolve_command(self.cfg.command),
-                    env=self._env(rs.replica, rank, port),
+                    env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -288,8 +315,42 @@ class LocalLauncher:
                 rs.state = "healing" if rs.healing else "training"
                 rs.last_commit_t = ev["t"]
                 rs.commits.append((ev["t"], ev["step"], rs.healing, ev["incarnation"]))
+                self._observe_timing(rs, ev)
             elif kind == "done":
                 rs.state = "finishing"
+
+    # ---------------------------------------------------------------- stragglers
+    def _observe_timing(self, rs: ReplicaState, ev: dict[str, Any]) -> None:
+        from runtime.control.straggler import TimingSample
+
+        compute = ev.get("compute_s")
+        self.stragglers.observe_sample(
+            TimingSample(
+                replica=rs.replica,
+                step=int(ev["step"]),
+                received_at=time.monotonic(),
+                compute_s=float(compute) if compute is not None else None,
+                incarnation=str(ev["incarnation"]),
+                healing=bool(ev.get("healing")),
+                step_time_s=ev.get("step_s"),
+                allreduce_wait_s=ev.get("wait_s"),
+                nodes=(f"local-r{rs.replica}-i{rs.incarnation}",),
+            )
+        )
+
+    def _evict_stragglers(self) -> None:
+        if self._any_done:
+            return  # the run is ending: nothing left to gain
+        participants = sum(1 for r in self.replicas if r.state in ("training", "healing"))
+        in_flight = any(r.state in ("dead", "starting") for r in self.replicas)
+        for d in self.stragglers.decisions(participants, time.monotonic(), in_flight):
+            rs = self.replicas[d.replica]
+            self.straggler_decisions.append(
+                {**d.to_dict(), "t": time.time(), "step": rs.step, "incarnation": rs.incarnation}
+            )
+            if d.action == "evict" and rs.state in ("training", "healing") and not self._any_done:
+                self._inject(rs, "straggler")
+                self.failures[-1].detail = d.reason or d.why
 
     # ---------------------------------------------------------------- faults
     def _healthy_others(self, victim: ReplicaState) -> bool:
@@ -382,6 +443,7 @@ class LocalLauncher:
                 for rs in self.replicas:
                     self._read_progress(rs)
                 self._faults()
+                self._evict_stragglers()
                 for rs in self.replicas:
                     self._supervise(rs)
                 if self.on_update is not None:
@@ -471,6 +533,7 @@ class LocalLauncher:
             finished_replicas=sorted(list_final_shards(cfg.run_dir)),
             ok=ok,
             error=error,
+            straggler_decisions=self.straggler_decisions,
         )
 
     def _weights_agree(self) -> bool:
@@ -533,6 +596,12 @@ def config_from_spec(
     kill = faults.get("kill_replica")
     if kill is not None and not 0 <= kill < count:
         raise InputError("--kill-replica", kill, f"a replica id in 0..{count - 1}")
+    slow = faults.get("slow_replica")
+    if slow is not None and not 0 <= slow < count:
+        raise InputError("--slow-replica", slow, f"a replica id in 0..{count - 1}")
+    factor = faults.get("slow_factor", 2.0)
+    if not 1.0 <= factor <= 100.0:
+        raise InputError("--slow-factor", factor, "a factor in [1, 100]")
     return LaunchConfig(
         run_dir=run_dir if run_dir is not None else Path(spec.job.run_dir),
         command=resolve_command(train.command),

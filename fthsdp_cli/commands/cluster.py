@@ -140,9 +140,9 @@ _hardware_option = click.option(
 @click.option(
     "--fault",
     required=True,
-    type=click.Choice(["xid79", "ecc", "nvlink", "ib", "kill"]),
     help="xid79/ecc/nvlink/ib change the node's simulated hardware; kill kills its replica "
-    "processes with no hardware sign.",
+    "processes with no hardware sign; slow[=FACTOR] (default 2) makes its replica ranks that "
+    "much slower (a straggler).",
 )
 @click.option("--gpus", default=8, show_default=True, type=int)
 def inject(directory: Path, hardware_root: Path | None, node: str, fault: str, gpus: int) -> None:

@@ -79,6 +79,7 @@ def control(
         host=host,
         port=coordinator_port,
         poll_jobs=not no_poll,
+        total_steps=settings.total_steps,
     )
     lighthouse = None
     if not no_lighthouse:

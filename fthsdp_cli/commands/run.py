@@ -57,6 +57,15 @@ def _summary_table(summary: Any) -> Table:
 @click.option("--at-step", type=int, default=None, help="... when it reaches this step.")
 @click.option("--chaos-mtbf", type=float, default=None, help="Random kills, mean seconds apart.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the chaos kills.")
+@click.option("--slow-replica", type=int, default=None, help="Make this replica a straggler ...")
+@click.option("--slow-factor", type=float, default=2.0, show_default=True, help="... this slow.")
+@click.option(
+    "--straggler-window",
+    type=int,
+    default=50,
+    show_default=True,
+    help="Steps a replica must stay slow to be a straggler (then it is evicted if that pays).",
+)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--resume", is_flag=True, help="Keep durable checkpoints from an earlier run.")
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True)
@@ -78,6 +87,9 @@ def run(
     at_step: int | None,
     chaos_mtbf: float | None,
     seed: int,
+    slow_replica: int | None,
+    slow_factor: float,
+    straggler_window: int,
     run_dir: Path | None,
     resume: bool,
     timeout_s: float,
@@ -110,6 +122,9 @@ def run(
         run_dir=run_dir.resolve() if run_dir is not None else None,
         kill_replica=kill_replica,
         kill_at_step=at_step,
+        slow_replica=slow_replica,
+        slow_factor=slow_factor,
+        straggler_window_steps=straggler_window,
         chaos_mtbf_s=chaos_mtbf,
         seed=seed,
         run_timeout_s=timeout_s,

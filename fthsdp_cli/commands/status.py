@@ -23,12 +23,23 @@ def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
 
     record = read_run(run_dir)
     queued = backend.jobs(record.job_ids)
-    return {
+    data = {
         "name": record.name,
         "run_dir": record.run_dir,
         "submitted_at": record.submitted_at,
         "jobs": job_rows(record, queued),
     }
+    return data
+
+
+def straggler_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """Straggler verdicts (suspects and stragglers) with the decision taken for each."""
+    decisions = {d["replica"]: d for d in view.get("straggler_decisions", [])}
+    rows = []
+    for v in view.get("stragglers", []):
+        d = decisions.get(v["replica"], {})
+        rows.append({**v, "action": d.get("action"), "why": d.get("why")})
+    return rows
 
 
 def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
@@ -41,7 +52,10 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
         nodes = backend.nodes()
     except SlurmCommandError:
         nodes = []
-    return merge_status(base, fetch_state(run_dir), nodes)
+    coord = fetch_state(run_dir)
+    merged = merge_status(base, coord, nodes)
+    merged["stragglers"] = straggler_rows(coord or {})
+    return merged
 
 
 def _render(status: dict[str, Any]) -> Any:
@@ -76,6 +90,12 @@ def _render(status: dict[str, Any]) -> Any:
         lines.append("coordinator: not reachable (Slurm's view only)")
     for d in status["drained"]:
         lines.append(f"drained {d['node']}: {d['reason']}")
+    for v in status.get("stragglers", []):
+        text = f"replica {v['replica']}: {v['state']} {v['factor'] or 0:.1f}x"
+        text += f" on {v['slow_node'] or 'unknown node'} for {v['steps']} steps"
+        if v.get("action"):
+            text += f" -> {v['action']} ({v['why']})"
+        lines.append(text)
     return Group(table, *(Text(line) for line in lines))
 
 

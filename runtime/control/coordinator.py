@@ -15,6 +15,11 @@ Endpoints (aiohttp; no hand-written HTTP):
   after its srun step ended: `relaunch`, `requeue` (exit; the coordinator requeues the job),
   `exit` (for good) or `continue` (no decision yet).
 - `GET /v1/state`: the run's state for `fthsdp status`.
+- `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`).
+
+Stragglers (`runtime.control.straggler.StragglerService`): every accepted report also feeds the
+straggler monitor; an eviction it decides goes through the policy as a `StragglerEviction`
+event (tier 2: drain with `fthsdp: straggler: <node> <factor>x`, requeue).
 
 Timers: a tick finds replicas silent past their report timeout; a poll reads the replica jobs
 from `squeue` so Slurm's own requeues are seen (and never repeated). The service binds to the
@@ -40,6 +45,7 @@ import hostlist
 from aiohttp import web
 
 from runtime.control.journal import Journal, StoredAction
+from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
     Cancel,
@@ -52,6 +58,7 @@ from runtime.control.policy import (
     Release,
     ReportReceived,
     Requeue,
+    StragglerEviction,
     Tick,
     directive_for,
     step,
@@ -64,6 +71,7 @@ from runtime.control.report import (
     read_secret,
     verify,
 )
+from runtime.control.straggler import StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 
@@ -88,6 +96,8 @@ class CoordinatorConfig:
     action_retries: int = 5
     action_backoff_s: float = 1.0
     action_backoff_max_s: float = 30.0
+    #: The run's step budget (spec `train.steps`): the straggler decision's remaining time.
+    total_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,7 @@ class RunSettings:
     job_ids: dict[int, str]
     heartbeat_timeout_ms: int = 2000
     join_timeout_ms: int = 60000
+    total_steps: int | None = None
 
 
 #: Failures worth retrying: Slurm busy or restarting, a command that timed out.
@@ -121,7 +132,7 @@ def load_run_settings(run_dir: Path) -> RunSettings:
     or `{"replicas": {"0": "12"}}`). Without job ids the coordinator learns them from reports.
     """
     settings: dict[str, Any] = {}
-    lighthouse: dict[str, int] = {}
+    lighthouse: dict[str, int] = {}  # and total_steps: RunSettings' keyword fields
     spec_file = run_dir / "spec.json"
     if spec_file.exists():
         spec = json.loads(spec_file.read_text())
@@ -133,6 +144,8 @@ def load_run_settings(run_dir: Path) -> RunSettings:
         for key in ("heartbeat_timeout", "join_timeout"):
             if f"{key}_s" in train:
                 lighthouse[f"{key}_ms"] = int(float(train[f"{key}_s"]) * 1000)
+        if train.get("steps"):
+            lighthouse["total_steps"] = int(train["steps"])
     run_file = run_dir / RUN_FILE
     if run_file.exists():
         raw = json.loads(run_file.read_text())
@@ -191,6 +204,14 @@ class Coordinator:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
+        # Stragglers and metrics (runtime.control.straggler / .metrics).
+        past = sum(1 for _, ev in self.journal.events() if isinstance(ev, StragglerEviction))
+        self.stragglers = StragglerService(
+            config.policy.min_replicas, config.total_steps, past_evictions=past
+        )
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry()
 
     # -- events -------------------------------------------------------------------------------
 
@@ -209,6 +230,8 @@ class Coordinator:
             except KeyError:
                 return False
             self.state = new
+            self.stragglers.account(new, time.monotonic())
+            self.stragglers.on_actions(actions, time.monotonic())
         slurm = [s for s in stored if isinstance(s.action, SLURM_ACTIONS)]
         if slurm:
             self._spawn(self._carry_out(slurm))
@@ -331,7 +354,15 @@ class Coordinator:
         data["cursor"] = max(cursors) if cursors else None
         data["open_actions"] = len(self.journal.actions(("decided", "started")))
         data["coordinator_started_at"] = self.started_at
-        return data
+        self.stragglers.account(self.state, time.monotonic())
+        return self.stragglers.view(data)
+
+    async def after_report(self, report: ReplicaReport) -> None:
+        """Straggler hook: observe the report; submit the evictions the monitor decides."""
+        events = self.stragglers.on_report(report, self.state, time.monotonic(), self.clock())
+        for event in events:
+            log.warning("straggler eviction: replica %d (%s)", event.replica, event.detail)
+            await self.submit(event)
 
 
 def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
@@ -390,6 +421,7 @@ async def post_report(request: web.Request) -> web.Response:
         return _refuse(coord, request, 409, f"job {report.job_id} is not replica's job {expected}")
     if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
         return _refuse(coord, request, 409, "replayed nonce")
+    await coord.after_report(report)
     r = coord.state.replicas[report.replica]
     return web.json_response({"ok": True, "directive": r.directive, "phase": r.phase})
 
@@ -445,6 +477,7 @@ def make_app(coord: Coordinator) -> web.Application:
     app.router.add_post("/v1/requeue", post_requeue)
     app.router.add_get("/v1/replicas/{k}/directive", get_directive)
     app.router.add_get("/v1/state", get_state)
+    app.router.add_get("/metrics", aiohttp_handler(coord.registry, coord.state_view))
     return app
 
 

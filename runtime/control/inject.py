@@ -6,6 +6,11 @@ read them exactly as they read a real node, so the whole path (watchdog -> leade
 -> coordinator -> drain + requeue -> prolog gates the new nodes) runs for real. Faults accumulate
 per node in `faults.json` until `heal` writes the node healthy again.
 
+`slow[=FACTOR]` is a gray failure (a throttled GPU): it writes `root/node/slow` with the factor,
+which the replica ranks on that node read through `FTHSDP_SLOW_FILE=<root>/{node}/slow`
+(`runtime.steptiming`) and run that much slower; nothing fails, only the straggler detector sees
+it. `heal` removes it.
+
 `kill` has no hardware sign: it SIGKILLs the replica's training processes on that node (the tasks
 of the supervisor's srun step, found by `SLURMD_NODENAME` and `FTHSDP_LAUNCH` in their
 environment), which is a process fault: tier 1, relaunch in place.
@@ -23,7 +28,9 @@ from prolog_epilog.simulated_hardware import FAULTS as HARDWARE_FAULTS
 from prolog_epilog.simulated_hardware import write_node_inputs
 from slurm.errors import InputError
 
-FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill")
+FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill", "slow")
+SLOW_FILE = "slow"
+DEFAULT_SLOW_FACTOR = 2.0
 FAULTS_FILE = "faults.json"
 
 
@@ -47,20 +54,42 @@ def _save_faults(root: Path, node: str, faults: list[str]) -> None:
 
 def inject(root: Path, node: str, fault: str, gpus: int = 8) -> list[str]:
     """Inject `fault` into `node`; returns the node's hardware faults now, or the killed pids."""
-    if fault not in FAULTS:
-        raise InputError("--fault", fault, f"one of {', '.join(FAULTS)}")
+    name, _, arg = fault.partition("=")
+    if name not in FAULTS or (arg and name != "slow"):
+        raise InputError("--fault", fault, f"one of {', '.join(FAULTS)} (slow=FACTOR)")
+    if name == "slow":
+        return _inject_slow(root, node, arg, fault)
     if fault == "kill":
         return [str(pid) for pid in kill_replica_processes(node)]
     assert fault in HARDWARE_FAULTS
     faults = [*node_faults(root, node), fault]
     faults = list(dict.fromkeys(faults))
-    write_node_inputs(root, node, gpus, faults)
+    write_node_inputs(root, node, gpus, [f for f in faults if f in HARDWARE_FAULTS])
+    _save_faults(root, node, faults)
+    return faults
+
+
+def _inject_slow(root: Path, node: str, arg: str, fault: str) -> list[str]:
+    from runtime.steptiming import parse_factor
+
+    try:
+        factor = parse_factor(arg) if arg else DEFAULT_SLOW_FACTOR
+    except ValueError:
+        raise InputError("--fault", fault, "slow=FACTOR with FACTOR in [1, 100]") from None
+    path = root / node / SLOW_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".slow.tmp")
+    tmp.write_text(f"{factor:g}\n")
+    os.replace(tmp, path)  # ranks re-read it every second: never let them see half a file
+    faults = [f for f in node_faults(root, node) if not f.startswith("slow")]
+    faults = [*faults, f"slow={factor:g}"]
     _save_faults(root, node, faults)
     return faults
 
 
 def heal(root: Path, node: str, gpus: int = 8) -> None:
     """Write the node's inputs healthy again and forget its faults."""
+    (root / node / SLOW_FILE).unlink(missing_ok=True)
     write_node_inputs(root, node, gpus, ())
     _save_faults(root, node, [])
 

@@ -164,7 +164,23 @@ class OperatorRequeue:
     reason: str = "requeued by operator"
 
 
-Event = ReportReceived | JobObserved | Tick | CoordinatorStarted | OperatorRequeue
+@dataclass(frozen=True)
+class StragglerEviction:
+    """The straggler monitor (`runtime.control.straggler`) decided to evict a slow replica.
+
+    Tier 2 without a failure: drain `node` (None = only requeue, the node is not drained) with
+    `fthsdp: straggler: <detail>`, requeue the replica's job. Not counted toward tier 3.
+    """
+
+    replica: int
+    at: float
+    node: str | None
+    detail: str
+
+
+Event = (
+    ReportReceived | JobObserved | Tick | CoordinatorStarted | OperatorRequeue | StragglerEviction
+)
 
 
 # -- actions ----------------------------------------------------------------------------------
@@ -243,6 +259,8 @@ def step(state: RunState, event: Event) -> tuple[RunState, list[Action]]:
             r.phase_since = max(r.phase_since, event.at)
     elif isinstance(event, OperatorRequeue):
         _on_operator(new, event, actions)
+    elif isinstance(event, StragglerEviction):
+        _on_straggler(new, event, actions)
     return new, actions
 
 
@@ -520,6 +538,16 @@ def _on_operator(state: RunState, ev: OperatorRequeue, actions: list[Action]) ->
     _requeue(state, r, ev.drain_node, "manual", ev.reason, 0.0, ev.at, actions)
 
 
+def _on_straggler(state: RunState, ev: StragglerEviction, actions: list[Action]) -> None:
+    r = state.replicas.get(ev.replica)
+    if r is None or r.handled is not None or r.phase not in ("training", "healing"):
+        where = "unknown" if r is None else f"{r.phase}, handled={r.handled}"
+        actions.append(Note(ev.replica, f"straggler eviction skipped ({where})"))
+        return
+    r.last_failure = f"straggler: {ev.detail}"
+    _requeue(state, r, ev.node, "straggler", ev.detail, 0.0, ev.at, actions)
+
+
 def directive_for(
     state: RunState, replica: int, job_id: str | None, restarts: int, launch: int
 ) -> tuple[DirectiveKind, float]:
@@ -541,7 +569,15 @@ def directive_for(
 # -- (de)serialisation for the journal --------------------------------------------------------
 
 _EVENT_TYPES: dict[str, type[Any]] = {
-    c.__name__: c for c in (ReportReceived, JobObserved, Tick, CoordinatorStarted, OperatorRequeue)
+    c.__name__: c
+    for c in (
+        ReportReceived,
+        JobObserved,
+        Tick,
+        CoordinatorStarted,
+        OperatorRequeue,
+        StragglerEviction,
+    )
 }
 _ACTION_TYPES: dict[str, type[Any]] = {
     c.__name__: c for c in (Drain, Requeue, Release, Cancel, Directive, Note)

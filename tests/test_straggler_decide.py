@@ -1,0 +1,191 @@
+"""Decision table: a straggler verdict and the run's situation in, evict or report out.
+
+The gain of an eviction is the straggler's excess compute time per step times the steps left;
+the cost is the median of this run's measured requeues, else the configured estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from runtime.control.straggler import (
+    EvictionConfig,
+    RunContext,
+    StragglerVerdict,
+    decide,
+    requeue_cost,
+    run_slowdown,
+)
+
+# Replica 1 computes in 0.4 s against its peers' 0.2 s; the run steps in 0.45 s (0.05 s of
+# allreduce), so without it the run would step in 0.25 s: slowdown 0.8.
+SLOW = StragglerVerdict(
+    replica=1,
+    state="straggler",
+    factor=2.0,
+    compute_s=0.4,
+    peer_median_s=0.2,
+    since_step=100,
+    steps=50,
+    slow_rank=5,
+    slow_node="node4",
+)
+CTX = RunContext(participants=3, remaining_steps=10_000, run_step_time_s=0.45)
+
+DECISION_TABLE: list[tuple[str, StragglerVerdict, RunContext, EvictionConfig, str, str]] = [
+    # name, verdict, context, config, action, expected text in reason (evict) or why (report)
+    ("pays: long run left", SLOW, CTX, EvictionConfig(), "evict", "fthsdp: straggler: node4 2.0x"),
+    (
+        "does not pay near the end",
+        SLOW,
+        replace(CTX, remaining_steps=100),
+        EvictionConfig(),
+        "report",
+        "does not pay: 20s lost <= 120s",
+    ),
+    (
+        "measured requeue cost overrides the estimate",
+        SLOW,
+        replace(CTX, remaining_steps=1000, past_requeue_costs_s=(30.0, 25.0, 500.0)),
+        EvictionConfig(requeue_cost_estimate_s=1e9),
+        "evict",
+        "straggler: node4",
+    ),
+    (
+        "measured requeue cost too high",
+        SLOW,
+        replace(CTX, remaining_steps=1000, past_requeue_costs_s=(300.0,)),
+        EvictionConfig(requeue_cost_estimate_s=1.0),
+        "report",
+        "does not pay: 200s lost <= 300s",
+    ),
+    (
+        "eviction cap reached",
+        SLOW,
+        replace(CTX, evictions_so_far=2),
+        EvictionConfig(max_evictions=2),
+        "report",
+        "cap reached (2/2)",
+    ),
+    (
+        "would go below min_replicas",
+        SLOW,
+        replace(CTX, participants=2),
+        EvictionConfig(min_replicas=2),
+        "report",
+        "leave 1 < min_replicas=2",
+    ),
+    (
+        "exactly min_replicas after eviction is fine",
+        SLOW,
+        replace(CTX, participants=3),
+        EvictionConfig(min_replicas=2),
+        "evict",
+        "straggler: node4",
+    ),
+    (
+        "another eviction in flight",
+        SLOW,
+        replace(CTX, eviction_in_flight=True),
+        EvictionConfig(),
+        "report",
+        "in flight",
+    ),
+    ("report-only mode", SLOW, CTX, EvictionConfig(mode="report"), "report", "mode=report"),
+    (
+        "slow node unknown",
+        replace(SLOW, slow_node=None),
+        CTX,
+        EvictionConfig(),
+        "report",
+        "slow node unknown",
+    ),
+    (
+        "remaining time unknown",
+        SLOW,
+        replace(CTX, remaining_steps=None),
+        EvictionConfig(),
+        "report",
+        "remaining time unknown",
+    ),
+    (
+        "only a suspect",
+        replace(SLOW, state="suspect"),
+        CTX,
+        EvictionConfig(),
+        "report",
+        "not a straggler",
+    ),
+    (
+        "no timing to measure the slowdown",
+        replace(SLOW, peer_median_s=None),
+        CTX,
+        EvictionConfig(),
+        "report",
+        "slowdown or remaining time unknown",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict", "ctx", "config", "action", "text"),
+    DECISION_TABLE,
+    ids=[row[0] for row in DECISION_TABLE],
+)
+def test_decision_table(
+    name: str,
+    verdict: StragglerVerdict,
+    ctx: RunContext,
+    config: EvictionConfig,
+    action: str,
+    text: str,
+) -> None:
+    d = decide(verdict, ctx, config)
+    assert d.action == action, d.why
+    assert d.replica == verdict.replica
+    if action == "evict":
+        assert text in d.reason
+        assert d.reason.startswith("fthsdp: straggler: ")
+        assert d.node == "node4"
+        assert d.gain_s is not None and d.cost_s is not None and d.gain_s > d.cost_s
+    else:
+        assert text in d.why
+        assert d.reason == ""
+        assert d.drain is False
+
+
+def test_gain_is_excess_time_per_step_times_steps_left() -> None:
+    d = decide(SLOW, CTX, EvictionConfig())
+    assert d.slowdown == pytest.approx(0.8)
+    assert d.remaining_s == pytest.approx(10_000 * 0.25)
+    assert d.gain_s == pytest.approx(10_000 * 0.2)
+    assert d.cost_s == 120.0
+
+
+@pytest.mark.parametrize(("mode", "drain"), [("drain", True), ("exclude", False)])
+def test_drain_or_exclude(mode: str, drain: bool) -> None:
+    d = decide(SLOW, CTX, EvictionConfig(mode=mode))  # type: ignore[arg-type]
+    assert d.action == "evict"
+    assert d.drain is drain
+    assert d.reason == "fthsdp: straggler: node4 2.0x"
+
+
+def test_slowdown_without_run_step_time_uses_compute_bound() -> None:
+    assert run_slowdown(SLOW, None) == pytest.approx(1.0)
+    assert run_slowdown(SLOW, 0.45) == pytest.approx(0.8)
+    assert run_slowdown(replace(SLOW, compute_s=None), 0.45) is None
+
+
+def test_requeue_cost_is_the_median_of_the_runs_own() -> None:
+    config = EvictionConfig(requeue_cost_estimate_s=77.0)
+    assert requeue_cost(RunContext(participants=3), config) == 77.0
+    ctx = RunContext(participants=3, past_requeue_costs_s=(10.0, 40.0, 1000.0))
+    assert requeue_cost(ctx, config) == 40.0
+
+
+@pytest.mark.parametrize("kwargs", [{"mode": "kill"}, {"max_evictions": -1}, {"min_replicas": 0}])
+def test_eviction_config_rejects_nonsense(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        EvictionConfig(**kwargs)  # type: ignore[arg-type]
