@@ -62,6 +62,9 @@ class LaunchConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     run_timeout_s: float = 600.0
     lighthouse_join_timeout_s: float | None = None
+    #: Wait this long after a replica died before restarting it: the local stand-in for the
+    #: time Slurm takes to requeue, allocate and run the prolog.
+    restart_delay_s: float = 0.0
     #: Keep this many seconds of warm-up before the first chaos kill.
     chaos_warmup_s: float = 3.0
     #: No chaos kill once a replica passed this fraction of the steps, so that restarted
@@ -416,6 +419,9 @@ class LocalLauncher:
             rs.state = "out"
             return
         now = time.time()
+        if now < mine[-1].t_kill + self.cfg.restart_delay_s:
+            rs.state = "dead"  # collected; restarted on a later pass
+            return
         rs.restarts = [t for t in rs.restarts if now - t < self.cfg.restart_window_s]
         if len(rs.restarts) >= self.cfg.max_restarts_per_replica:
             rs.state = "out"

@@ -80,6 +80,8 @@ def test_kill9_one_replica_mid_run(tmp_path: Path) -> None:
         steps=80,
         kill_replica=1,
         kill_at_step=5,
+        # an outage long enough to see the healthy replica commit alone, however fast the restart
+        restart_delay_s=3.0,
         # slow steps: a restarted worker needs 5-15 s to import torch on a busy 2-core machine
         extra_env={"TINY_STEP_SLEEP_S": "0.2"},
     )

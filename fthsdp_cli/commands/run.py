@@ -57,6 +57,13 @@ def _summary_table(summary: Any) -> Table:
 @click.option("--at-step", type=int, default=None, help="... when it reaches this step.")
 @click.option("--chaos-mtbf", type=float, default=None, help="Random kills, mean seconds apart.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the chaos kills.")
+@click.option(
+    "--restart-delay",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds before a dead replica is restarted (stands in for requeue + allocation).",
+)
 @click.option("--slow-replica", type=int, default=None, help="Make this replica a straggler ...")
 @click.option("--slow-factor", type=float, default=2.0, show_default=True, help="... this slow.")
 @click.option(
@@ -87,6 +94,7 @@ def run(
     at_step: int | None,
     chaos_mtbf: float | None,
     seed: int,
+    restart_delay: float,
     slow_replica: int | None,
     slow_factor: float,
     straggler_window: int,
@@ -108,6 +116,8 @@ def run(
         raise InputError(
             "--kill-replica/--at-step", (kill_replica, at_step), "give both or neither"
         )
+    if restart_delay < 0:
+        raise InputError("--restart-delay", restart_delay, "seconds >= 0")
     if chaos_mtbf is not None and chaos_mtbf <= 0:
         raise InputError("--chaos-mtbf", chaos_mtbf, "a positive number of seconds")
     from runtime.local_launcher import LocalLauncher, clear_run_state, config_from_spec
@@ -127,6 +137,7 @@ def run(
         straggler_window_steps=straggler_window,
         chaos_mtbf_s=chaos_mtbf,
         seed=seed,
+        restart_delay_s=restart_delay,
         run_timeout_s=timeout_s,
     )
     clear_run_state(cfg.run_dir, keep_checkpoints=resume)
