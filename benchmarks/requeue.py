@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_control_e2e import COMMAND, SPEC, cancel, fthsdp, replicas  # noqa: E402
+from control_harness import cancel, fthsdp, replicas, write_run  # noqa: E402
 
-from prolog_epilog.simulated_hardware import write_node_inputs  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 from slurm.backend import CommandBackend  # noqa: E402
@@ -80,13 +79,7 @@ def _stall(events: list[tuple[float, dict[str, Any]]], k: int, t0: float, t1: fl
 
 
 def run_scenario(cfg: devcluster.DevClusterConfig, work: Path, whole_job: bool) -> dict[str, Any]:
-    hw = work / "hw"
-    for node in cfg.node_names:
-        write_node_inputs(hw, node)
-    run_dir = work / "run"
-    spec = work / "spec.toml"
-    command = COMMAND.format(hw=hw, python=sys.executable).replace('"', '\\"')
-    spec.write_text(SPEC.format(run_dir=run_dir, python=sys.executable, command=command))
+    spec, run_dir, hw = write_run(work, cfg.node_names)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
     backend = CommandBackend()
     fthsdp(env, "submit", str(spec))

@@ -343,6 +343,14 @@ class TrainSection:
     join_timeout_s: float = 60
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = 0
+    #: Straggler policy of the control job (`runtime.control.straggler`): a replica this many
+    #: times slower than its peers' median compute, for `straggler_window_steps` steps or
+    #: `straggler_window_s` seconds, is a straggler; it is evicted when the time it costs the run
+    #: exceeds a requeue's cost (this run's measured one, else `straggler_requeue_cost_s`).
+    straggler_factor: float = 1.5
+    straggler_window_steps: int = 50
+    straggler_window_s: float = 300
+    straggler_requeue_cost_s: float = 120
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -352,6 +360,14 @@ class TrainSection:
         _positive("train.max_restarts_per_replica", self.max_restarts_per_replica, minimum=0)
         for key in ("restart_window_s", "checkpoint_every_s", "checkpoint_every_steps"):
             _not_negative(f"train.{key}", getattr(self, key))
+        if not self.straggler_factor > 1:
+            raise InputError("train.straggler_factor", self.straggler_factor, "must be > 1")
+        _positive("train.straggler_window_steps", self.straggler_window_steps)
+        if not self.straggler_window_s > 0:
+            raise InputError("train.straggler_window_s", self.straggler_window_s, "must be > 0")
+        cost = self.straggler_requeue_cost_s
+        if not 0 <= cost < float("inf"):
+            raise InputError("train.straggler_requeue_cost_s", cost, "must be >= 0 seconds")
         order = ("heartbeat_timeout_s", "allreduce_timeout_s", "quorum_timeout_s", "join_timeout_s")
         for key in order:
             if getattr(self, key) <= 0:

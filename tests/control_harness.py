@@ -1,5 +1,9 @@
 """Test helpers for the control plane: stand-ins for Slurm's commands that keep state in a JSON
 file and log every call, a `fthsdp control` process that can be killed with -9, and signed posts.
+
+The dev-cluster end-to-end tests (`test_control_e2e.py`, `test_straggler_devcluster.py`) share
+the run they submit (`SPEC`, `COMMAND`: 3 one-node replicas of `examples/train_tiny.py` + the
+control job) and the helpers that drive it through the CLI (`fthsdp`, `wait_until`, `cancel`).
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runtime.control.report import ReplicaReport, sign
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_SLURM = r'''#!PYTHON
 """Stand-in for scontrol/squeue/sinfo: state in $FAKE_SLURM_STATE, calls in $FAKE_SLURM_LOG."""
@@ -74,7 +81,7 @@ def install_fake_slurm(root: Path, jobs: dict[str, str]) -> dict[str, str]:
         PATH=f"{bin_dir}:{env['PATH']}",
         FAKE_SLURM_STATE=str(root / "slurm.json"),
         FAKE_SLURM_LOG=str(root / "calls.log"),
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        PYTHONPATH=str(ROOT),
     )
     return env
 
@@ -182,3 +189,152 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str], Contr
         yield run_dir, tmp_path, env, proc
     finally:
         proc.stop()
+
+
+# -- the dev-cluster end-to-end run ------------------------------------------------------------
+
+SPEC = """
+[job]
+name = "e2e"
+run_dir = "{run_dir}"
+time = "00:20:00"
+partition = "gpu"
+
+[replicas]
+count = 3
+nodes = 1
+gpus_per_node = 8
+tasks_per_node = 1
+cpus_per_task = 1
+mem = "2G"
+
+[control]
+cpus = 1
+mem = "1G"
+python = "{python}"
+
+[train]
+command = "{command}"
+steps = 5000
+min_replicas = 2
+heartbeat_timeout_s = 2
+allreduce_timeout_s = 5
+quorum_timeout_s = 10
+join_timeout_s = 30
+
+[health]
+checks = ["xid", "ecc"]
+"""
+
+# Dev nodes all live on this host: the rendezvous is loopback on a free port (one rank per
+# replica, so no other rank needs to know it; fixed ports collide on a shared host), and each
+# rank's watchdog reads its own node's simulated hardware.
+COMMAND = (
+    "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
+    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$({python} -c 'import socket; s=socket.socket(); "
+    's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\') '
+    "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
+    "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
+    "exec {python} examples/train_tiny.py"
+)
+
+
+def write_run(
+    work: Path, nodes: Iterable[str], command_prefix: str = ""
+) -> tuple[Path, Path, Path]:
+    """Healthy simulated hardware for `nodes` under work/hw and the run's spec at work/spec.toml.
+
+    `command_prefix` goes before `COMMAND` (both may use `{hw}` and `{python}`). Returns
+    (spec, run_dir, hardware root).
+    """
+    from prolog_epilog.simulated_hardware import write_node_inputs
+
+    hw = work / "hw"
+    for node in nodes:
+        write_node_inputs(hw, node)
+    run_dir = work / "run"
+    spec = work / "spec.toml"
+    python = sys.executable
+    command = (command_prefix + COMMAND).format(hw=hw, python=python).replace('"', '\\"')
+    spec.write_text(SPEC.format(run_dir=run_dir, python=python, command=command))
+    return spec, run_dir, hw
+
+
+def fthsdp(env: dict[str, str], *args: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, f"fthsdp {args}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+def cancel(env: dict[str, str], run_dir: Path) -> None:
+    """Cancel the run's jobs (best effort: used in clean-up)."""
+    subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def clean_up(env: dict[str, str], run_dir: Path, hw: Path, node: str | None) -> None:
+    """Cancel the run; make `node` (the one a fault was injected into) healthy and resume it."""
+    from runtime.control.inject import heal
+
+    cancel(env, run_dir)
+    if node:
+        heal(hw, node)
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+
+
+def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
+    data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
+    return {r["replica"]: r for r in data["replicas"]}
+
+
+def requeued_and_caught_up(replica: int) -> Callable[[dict[int, dict[str, Any]]], bool]:
+    """`wait_until` predicate: `replica` was requeued once, trains again and is within 3 steps
+    of the slowest other replica."""
+
+    def pred(reps: dict[int, dict[str, Any]]) -> bool:
+        r = reps[replica]
+        others = [x["step"] or 0 for k, x in reps.items() if k != replica]
+        return (
+            r["restarts"] == 1
+            and r["state"] == "training"
+            and (r["step"] or 0) >= min(others, default=0) - 3
+        )
+
+    return pred
+
+
+def wait_until(
+    env: dict[str, str],
+    run_dir: Path,
+    pred: Callable[[dict[int, dict[str, Any]]], bool],
+    timeout: float,
+    what: str,
+    trace: list[tuple[float, dict[int, dict[str, Any]]]],
+) -> dict[int, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reps = replicas(env, run_dir)
+        trace.append((time.time(), reps))
+        if pred(reps):
+            return reps
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")

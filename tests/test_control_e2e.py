@@ -10,118 +10,18 @@ job ids and restart count 0 and their committed step rises throughout. A second 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from control_harness import ROOT, clean_up, fthsdp, requeued_and_caught_up, wait_until, write_run
 
-from prolog_epilog.simulated_hardware import write_node_inputs
 from runtime.control.journal import Journal
 from runtime.control.policy import Requeue
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-
-SPEC = """
-[job]
-name = "e2e"
-run_dir = "{run_dir}"
-time = "00:20:00"
-partition = "gpu"
-
-[replicas]
-count = 3
-nodes = 1
-gpus_per_node = 8
-tasks_per_node = 1
-cpus_per_task = 1
-mem = "2G"
-
-[control]
-cpus = 1
-mem = "1G"
-python = "{python}"
-
-[train]
-command = "{command}"
-steps = 5000
-min_replicas = 2
-heartbeat_timeout_s = 2
-allreduce_timeout_s = 5
-quorum_timeout_s = 10
-join_timeout_s = 30
-
-[health]
-checks = ["xid", "ecc"]
-"""
-
-# Dev nodes all live on this host: the rendezvous is loopback on a free port (one rank per
-# replica, so no other rank needs to know it; fixed ports collide on a shared host), and each
-# rank's watchdog reads its own node's simulated hardware.
-COMMAND = (
-    "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
-    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$({python} -c 'import socket; s=socket.socket(); "
-    's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\') '
-    "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
-    "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
-    "exec {python} examples/train_tiny.py"
-)
-
-
-def fthsdp(env: dict[str, str], *args: str) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", "fthsdp_cli", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, f"fthsdp {args}: {r.stderr[-2000:]}"
-    return r.stdout
-
-
-def cancel(env: dict[str, str], run_dir: Path) -> None:
-    """Cancel the run's jobs (best effort: used in clean-up)."""
-    subprocess.run(
-        [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
-    data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
-    return {r["replica"]: r for r in data["replicas"]}
-
-
-def wait_until(
-    env: dict[str, str],
-    run_dir: Path,
-    pred: Callable[[dict[int, dict[str, Any]]], bool],
-    timeout: float,
-    what: str,
-    trace: list[tuple[float, dict[int, dict[str, Any]]]],
-) -> dict[int, dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reps = replicas(env, run_dir)
-        trace.append((time.time(), reps))
-        if pred(reps):
-            return reps
-        time.sleep(2)
-    raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")
 
 
 @pytest.mark.slurm
@@ -130,14 +30,7 @@ def wait_until(
 def test_only_the_failed_replica_is_requeued(
     slurm_cluster: DevClusterConfig, tmp_path: Path
 ) -> None:
-    hw = tmp_path / "hw"
-    for node in slurm_cluster.node_names:
-        write_node_inputs(hw, node)
-    run_dir = tmp_path / "run"
-    python = sys.executable
-    spec = tmp_path / "spec.toml"
-    command = COMMAND.format(hw=hw, python=python).replace('"', '\\"')
-    spec.write_text(SPEC.format(run_dir=run_dir, python=python, command=command))
+    spec, run_dir, hw = write_run(tmp_path, slurm_cluster.node_names)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
     backend = CommandBackend()
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
@@ -160,11 +53,7 @@ def test_only_the_failed_replica_is_requeued(
         after = wait_until(
             env,
             run_dir,
-            lambda r: (
-                r[1]["restarts"] == 1
-                and r[1]["state"] == "training"
-                and (r[1]["step"] or 0) >= min(r[0]["step"], r[2]["step"]) - 3
-            ),
+            requeued_and_caught_up(1),
             300,
             "replica 1 requeued and caught up",
             trace,
@@ -221,12 +110,4 @@ def test_only_the_failed_replica_is_requeued(
         finally:
             journal.close()
     finally:
-        cancel(env, run_dir)
-        if drained:
-            write_node_inputs(hw, drained)
-            subprocess.run(
-                ["scontrol", "update", f"NodeName={drained}", "State=RESUME"],
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
+        clean_up(env, run_dir, hw, drained)

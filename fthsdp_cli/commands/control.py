@@ -36,6 +36,15 @@ _run_dir = click.option(
 @click.option("--min-replicas", type=int, default=None, help="Default: run.json, else 1.")
 @click.option("--heartbeat-timeout-ms", type=int, default=None, help="Default: the spec's.")
 @click.option("--join-timeout-ms", type=int, default=None, help="Default: the spec's.")
+@click.option("--straggler-factor", type=float, default=None, help="Default: the spec's (1.5).")
+@click.option("--straggler-window-steps", type=int, default=None, help="Default: the spec's (50).")
+@click.option("--straggler-window-s", type=float, default=None, help="Default: the spec's (300).")
+@click.option(
+    "--straggler-requeue-cost-s",
+    type=float,
+    default=None,
+    help="Requeue cost assumed until the run measured one. Default: the spec's (120).",
+)
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
 def control(
@@ -47,6 +56,10 @@ def control(
     min_replicas: int | None,
     heartbeat_timeout_ms: int | None,
     join_timeout_ms: int | None,
+    straggler_factor: float | None,
+    straggler_window_steps: int | None,
+    straggler_window_s: float | None,
+    straggler_requeue_cost_s: float | None,
     no_lighthouse: bool,
     no_poll: bool,
 ) -> None:
@@ -71,6 +84,16 @@ def control(
         policy = replace(policy, min_replicas=min_replicas)
     if policy.min_replicas > policy.replicas or policy.min_replicas < 1:
         raise InputError("min_replicas", policy.min_replicas, f"1..{policy.replicas}")
+    straggler = settings.straggler
+    straggler = coord.straggler_config(
+        straggler.factor if straggler_factor is None else straggler_factor,
+        straggler.window_steps if straggler_window_steps is None else straggler_window_steps,
+        straggler.window_s if straggler_window_s is None else straggler_window_s,
+    )
+    if straggler_requeue_cost_s is None:
+        straggler_requeue_cost_s = settings.straggler_requeue_cost_s
+    if not 0 <= straggler_requeue_cost_s < float("inf"):
+        raise InputError("--straggler-requeue-cost-s", straggler_requeue_cost_s, ">= 0 seconds")
     host = bind or coord.node_address()
     config = coord.CoordinatorConfig(
         run_dir=run_dir,
@@ -80,6 +103,8 @@ def control(
         port=coordinator_port,
         poll_jobs=not no_poll,
         total_steps=settings.total_steps,
+        straggler=straggler,
+        straggler_requeue_cost_s=straggler_requeue_cost_s,
     )
     lighthouse = None
     if not no_lighthouse:

@@ -37,7 +37,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ from runtime.control.report import (
     read_secret,
     verify,
 )
-from runtime.control.straggler import StragglerService
+from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 
@@ -98,6 +98,10 @@ class CoordinatorConfig:
     action_backoff_max_s: float = 30.0
     #: The run's step budget (spec `train.steps`): the straggler decision's remaining time.
     total_steps: int | None = None
+    #: Straggler detection thresholds and the requeue cost assumed until one is measured
+    #: (spec `train.straggler_*`).
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,26 @@ class RunSettings:
     heartbeat_timeout_ms: int = 2000
     join_timeout_ms: int = 60000
     total_steps: int | None = None
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
+
+
+def straggler_config(
+    factor: float | None = None, window_steps: int | None = None, window_s: float | None = None
+) -> StragglerConfig:
+    """Detection thresholds with the given overrides; the clear level never exceeds `factor`."""
+    base = StragglerConfig()
+    factor = base.factor if factor is None else float(factor)
+    try:
+        return replace(
+            base,
+            factor=factor,
+            clear_factor=min(base.clear_factor, factor),
+            window_steps=base.window_steps if window_steps is None else int(window_steps),
+            window_s=base.window_s if window_s is None else float(window_s),
+        )
+    except ValueError as exc:
+        raise InputError("train.straggler_*", str(exc), "factor > 1, positive windows") from None
 
 
 #: Failures worth retrying: Slurm busy or restarting, a command that timed out.
@@ -132,7 +156,7 @@ def load_run_settings(run_dir: Path) -> RunSettings:
     or `{"replicas": {"0": "12"}}`). Without job ids the coordinator learns them from reports.
     """
     settings: dict[str, Any] = {}
-    lighthouse: dict[str, int] = {}  # and total_steps: RunSettings' keyword fields
+    lighthouse: dict[str, Any] = {}  # and total_steps, straggler: RunSettings' keyword fields
     spec_file = run_dir / "spec.json"
     if spec_file.exists():
         spec = json.loads(spec_file.read_text())
@@ -146,6 +170,13 @@ def load_run_settings(run_dir: Path) -> RunSettings:
                 lighthouse[f"{key}_ms"] = int(float(train[f"{key}_s"]) * 1000)
         if train.get("steps"):
             lighthouse["total_steps"] = int(train["steps"])
+        lighthouse["straggler"] = straggler_config(
+            train.get("straggler_factor"),
+            train.get("straggler_window_steps"),
+            train.get("straggler_window_s"),
+        )
+        if train.get("straggler_requeue_cost_s") is not None:
+            lighthouse["straggler_requeue_cost_s"] = float(train["straggler_requeue_cost_s"])
     run_file = run_dir / RUN_FILE
     if run_file.exists():
         raw = json.loads(run_file.read_text())
@@ -207,7 +238,14 @@ class Coordinator:
         # Stragglers and metrics (runtime.control.straggler / .metrics).
         past = sum(1 for _, ev in self.journal.events() if isinstance(ev, StragglerEviction))
         self.stragglers = StragglerService(
-            config.policy.min_replicas, config.total_steps, past_evictions=past
+            config.policy.min_replicas,
+            config.total_steps,
+            detect=config.straggler,
+            evict=EvictionConfig(
+                min_replicas=config.policy.min_replicas,
+                requeue_cost_estimate_s=config.straggler_requeue_cost_s,
+            ),
+            past_evictions=past,
         )
         from prometheus_client import CollectorRegistry
 

@@ -596,7 +596,8 @@ _IN_FLIGHT = ("requeued", "pending", "starting", "restarting")
 class StragglerService:
     """What the coordinator holds for stragglers and metrics, behind three small hooks.
 
-    `on_report` feeds the monitor and turns its eviction decisions into the policy's
+    `on_report` feeds the monitor (a report without nodes gets the replica's job nodes the
+    policy state knows from squeue) and turns its eviction decisions into the policy's
     `StragglerEviction` events (the tier-2 path: drain + requeue); `on_actions` tells the monitor
     about the policy's other requeues (their cost is measured); `view` adds the verdicts, the
     replicas' timings, ETTR so far and the requeue counts to the coordinator's state view (which
@@ -622,7 +623,13 @@ class StragglerService:
         """Observe one accepted report (monotonic `now`); the policy events to submit."""
         from runtime.control.policy import StragglerEviction
 
-        self.monitor.observe(report, now)
+        sample = TimingSample.from_report(report, now)
+        known = state.replicas.get(report.replica)
+        if not sample.nodes and known is not None and known.nodes:
+            # A leader that does not know its nodes (ranks given RANK/MASTER_ADDR instead of
+            # Slurm's step variables) still runs where squeue says the replica's job runs.
+            sample = replace(sample, nodes=tuple(known.nodes))
+        self.monitor.observe_sample(sample)
         reps = state.replicas.values()
         participants = sum(1 for r in reps if r.phase in _PARTICIPATING)
         in_flight = any(r.phase in _IN_FLIGHT or r.handled is not None for r in reps)

@@ -1,0 +1,164 @@
+"""End to end on the dev cluster: a replica on a slow node is evicted alone, its node drained.
+
+The run of `test_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the control
+job + one spare node), with every rank reading its node's simulated slow file
+(`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`) and a short straggler
+window (`train.straggler_window_steps`). `fthsdp cluster inject <replica 1's node> --fault slow=2`
+makes replica 1 compute at half speed: nothing fails, the others wait for it in every allreduce.
+The coordinator's straggler monitor must see it, and since the slowdown over the remaining steps
+costs more than a requeue, evict it: drain the node with `fthsdp: straggler: <node> <factor>x`
+and requeue replica 1's job, exactly once. The job restarts on the spare node and rejoins;
+replicas 0 and 2 keep their job ids, never restart, and their step rises throughout.
+
+Timing is taken from the run itself (the machine is small and shared): the deadlines scale with
+the step time measured before the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_harness import ROOT, clean_up, fthsdp, requeued_and_caught_up, wait_until, write_run
+
+from runtime.control.journal import Journal
+from runtime.control.policy import Requeue, StragglerEviction
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+
+WINDOW_STEPS = 20
+FACTOR = 1.5
+SLOW = 2.0
+
+Trace = list[tuple[float, dict[int, dict[str, Any]]]]
+
+
+def journal_summary(run_dir: Path) -> tuple[list[tuple[str, str]], list[StragglerEviction]]:
+    """(job id, status) of every Requeue action, and every straggler eviction event."""
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        requeues = [
+            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
+        ]
+        evictions = [e for _, e in journal.events() if isinstance(e, StragglerEviction)]
+    finally:
+        journal.close()
+    return requeues, evictions
+
+
+def seconds_per_step(trace: Trace) -> float:
+    """Seconds per committed step over the trace, the median over the replicas."""
+    (t0, first), (t1, last) = trace[0], trace[-1]
+    rates = []
+    for k in first:
+        done = (last[k]["step"] or 0) - (first[k]["step"] or 0)
+        rates.append((t1 - t0) / done if done > 0 else float("inf"))
+    return float(statistics.median(rates))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_slow_node_replica_alone_is_evicted(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    # `{node}` stays literal: each rank puts its own node's name in (SlowFault.from_env).
+    # [job].env refuses FTHSDP_ names (fthsdp owns them), so the command sets it, like the
+    # other simulated-hardware paths in COMMAND.
+    slow_file = "export FTHSDP_SLOW_FILE={hw}/{{node}}/slow; "
+    spec, run_dir, hw = write_run(tmp_path, slurm_cluster.node_names, slow_file)
+    overrides = [
+        "job.name=slow",  # not the other e2e's name: `--dependency=singleton` is per name
+        f"train.straggler_factor={FACTOR}",
+        f"train.straggler_window_steps={WINDOW_STEPS}",
+        "train.straggler_requeue_cost_s=30",
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    backend = CommandBackend()
+    trace: Trace = []
+    victim: str | None = None
+    try:
+        fthsdp(env, "submit", str(spec), *[a for o in overrides for a in ("--set", o)])
+        wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
+            300,
+            "all replicas training",
+            trace,
+        )
+        # A baseline of the step time, measured here (2 shared cores: never a fixed figure).
+        mark = len(trace) - 1
+        base = wait_until(env, run_dir, lambda r: len(trace) > mark + 5, 120, "baseline", trace)
+        step_s = seconds_per_step(trace[mark:])
+        assert step_s < float("inf"), trace[mark:]
+        jobs = {k: r["job_id"] for k, r in base.items()}
+        victim = base[1]["nodes"][0]
+        assert all(base[k]["restarts"] == 0 for k in base), base
+        out = fthsdp(
+            env,
+            "cluster",
+            "inject",
+            victim,
+            "--fault",
+            f"slow={SLOW:g}",
+            "--hardware-root",
+            str(hw),
+        )
+        assert f"slow={SLOW:g}" in out, out
+        t_fault = time.time()
+        # Detection needs the window at the slowed pace, then a requeue, the prolog, a start and
+        # a heal on a loaded machine: generous, and scaled by the measured step time.
+        deadline = 300 + 4 * WINDOW_STEPS * SLOW * step_s
+        after = wait_until(
+            env,
+            run_dir,
+            requeued_and_caught_up(1),
+            deadline,
+            "replica 1 evicted, requeued and caught up",
+            trace,
+        )
+        t_rejoined = time.time()
+
+        # Replica 1 alone moved, off the slow node; the others kept their jobs and never stopped.
+        assert after[1]["job_id"] == jobs[1]
+        assert after[1]["nodes"][0] != victim
+        for k in (0, 2):
+            assert after[k]["job_id"] == jobs[k]
+            assert after[k]["restarts"] == 0 and after[k]["relaunches"] == 0, after[k]
+            steps = [reps[k]["step"] for t, reps in trace if t_fault <= t <= t_rejoined]
+            assert steps == sorted(steps) and steps[-1] > steps[0], steps
+
+        # The node is drained with the straggler reason, naming it and the measured factor.
+        (info,) = backend.nodes([victim])
+        assert info.drained_by_us, info
+        assert info.reason.startswith(f"fthsdp: straggler: {victim} "), info.reason
+        measured = float(info.reason.rsplit(" ", 1)[-1].rstrip("x"))
+        assert measured >= FACTOR, info.reason
+
+        # Exactly one requeue, of replica 1's job, decided by the straggler monitor.
+        requeues, evictions = journal_summary(run_dir)
+        assert requeues == [(jobs[1], "done")]
+        assert [(e.replica, e.node) for e in evictions] == [(1, victim)]
+        print(
+            f"straggler e2e: baseline {step_s:.3f} s/step, evicted {evictions[0].at - t_fault:.1f}"
+            f" s after the fault, rejoined after {t_rejoined - t_fault:.1f} s"
+        )
+
+        # Back at full speed on the new node: `fthsdp status` lists no straggler any more.
+        deadline = time.monotonic() + 120
+        while True:
+            listed = json.loads(fthsdp(env, "status", str(run_dir), "--json"))["stragglers"]
+            if not [v for v in listed if v["replica"] == 1] or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert not [v for v in listed if v["replica"] == 1], listed
+        requeues, evictions = journal_summary(run_dir)
+        assert len(requeues) == 1 and len(evictions) == 1
+    finally:
+        clean_up(env, run_dir, hw, victim)
