@@ -73,7 +73,7 @@ class StragglerConfig:
     #: Two samples of one replica further apart than this break its episode (missing data).
     max_gap_s: float = 120.0
     min_peers: int = 1
-    ignore_after_heal_steps: int = 2
+    ignore_after_heal_steps: int = 1
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0:
