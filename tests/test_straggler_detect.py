@@ -86,17 +86,17 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
     (
         "sustained 2x",
         {"replicas": 4, "steps": 300, "slow": slow_from(1, 100, 2.0)},
-        {1: (150, 151)},
+        {1: (149, 150)},
     ),
     (
         "sustained 2x, two replicas",
         {"replicas": 2, "steps": 300, "slow": slow_from(0, 10, 2.0)},
-        {0: (60, 61)},
+        {0: (59, 60)},
     ),
     (
         "two slow replicas of four",
         {"replicas": 4, "steps": 300, "slow": lambda r, s: 2.0 if r in (0, 3) and s >= 50 else 1.0},
-        {0: (100, 101), 3: (100, 101)},
+        {0: (99, 100), 3: (99, 100)},
     ),
     (
         # Two of three slow: the median of the others is no reference, so nobody is flagged.
@@ -114,7 +114,7 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
             ),
             "healing": lambda r, s: r == 0 and 100 <= s < 140,
         },
-        {2: (150, 151)},
+        {2: (149, 150)},
     ),
     (
         "slow only while catching up, then warm-up",
@@ -186,7 +186,7 @@ def test_clock_jump_back_restarts_the_window() -> None:
         return t - 3600.0 if step >= 130 else t
 
     first = run(4, 300, slow_from(1, 100, 2.0), clock=clock)
-    assert first == {1: 180}
+    assert first == {1: 179}
 
 
 def test_clock_jump_forward_is_a_gap_not_a_window() -> None:
@@ -195,7 +195,7 @@ def test_clock_jump_forward_is_a_gap_not_a_window() -> None:
         return t + 600.0 if step >= 103 else t
 
     first = run(4, 300, slow_from(1, 100, 2.0), clock=clock)
-    assert first == {1: 153}
+    assert first == {1: 152}
 
 
 def test_wall_clock_is_never_used() -> None:

@@ -73,7 +73,7 @@ class StragglerConfig:
     #: Two samples of one replica further apart than this break its episode (missing data).
     max_gap_s: float = 120.0
     min_peers: int = 1
-    ignore_after_heal_steps: int = 2
+    ignore_after_heal_steps: int = 1
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0:
@@ -231,7 +231,8 @@ def _peer_median(
 def _sustained(ep: Episode, config: StragglerConfig) -> bool:
     if ep.fraction_above(config.factor) < config.min_fraction_above:
         return False
-    if ep.last_step - ep.start_step >= config.window_steps:
+    # A window of N steps is N slow steps, the first and the last included.
+    if ep.last_step - ep.start_step + 1 >= config.window_steps:
         return True
     return ep.last_t - ep.start_t >= config.window_s and len(ep.ratios) >= config.min_window_samples
 
