@@ -1,11 +1,15 @@
 """End to end on the dev cluster: only the failed replica is requeued; the others never stop.
 
 3 replicas (one node each, 8 GRES GPUs, one CPU rank running `examples/train_tiny.py`) + the
-control job + one spare node. An Xid 79 injected into replica 1's node is seen by that replica's
-watchdog; the coordinator drains the node with an `fthsdp:` reason and requeues replica 1's job
-exactly once; the job restarts on the spare node and rejoins, while replicas 0 and 2 keep their
-job ids and restart count 0 and their committed step rises throughout. A second fault, `kill`
-(processes die, no hardware sign), shows tier 1: relaunch in place, no requeue.
+control job + one spare node, on the session cluster switched to health gating
+(`slurm.devcluster.health_settings`: simulated hardware, the project's Prolog/Epilog/
+HealthCheckProgram, and a TaskProlog that points the ranks' watchdog at their node's hardware).
+An Xid 79 injected into replica 1's node is seen by that replica's watchdog; the coordinator
+drains the node with an `fthsdp:` reason and requeues replica 1's job exactly once; the job
+passes the prolog on the spare node and rejoins, while replicas 0 and 2 keep their job ids and
+restart count 0 and their committed step rises throughout. A second fault, `kill` (processes
+die, no hardware sign), shows tier 1: relaunch in place, no requeue. The run then finishes: the
+final weights of all replicas agree and the ledger is exactly-once.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from typing import Any
 
 import pytest
 
-from prolog_epilog.simulated_hardware import write_node_inputs
+from runtime.control.inject import heal
 from runtime.control.journal import Journal
 from runtime.control.policy import Requeue
+from runtime.verdict import check_ledger, final_weights_agree
+from slurm import devcluster
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+STEPS = 360
 
 SPEC = """
 [job]
@@ -50,8 +58,8 @@ mem = "1G"
 python = "{python}"
 
 [train]
-command = "{command}"
-steps = 5000
+command = "{python} examples/train_tiny.py"
+steps = {steps}
 min_replicas = 2
 heartbeat_timeout_s = 2
 allreduce_timeout_s = 5
@@ -61,18 +69,6 @@ join_timeout_s = 30
 [health]
 checks = ["xid", "ecc"]
 """
-
-# Dev nodes all live on this host: the rendezvous is loopback on a free port (one rank per
-# replica, so no other rank needs to know it; fixed ports collide on a shared host), and each
-# rank's watchdog reads its own node's simulated hardware.
-COMMAND = (
-    "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
-    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$({python} -c 'import socket; s=socket.socket(); "
-    's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\') '
-    "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
-    "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
-    "exec {python} examples/train_tiny.py"
-)
 
 
 def fthsdp(env: dict[str, str], *args: str) -> str:
@@ -124,20 +120,35 @@ def wait_until(
     raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")
 
 
+def requeues_in_journal(run_dir: Path) -> list[tuple[str, str]]:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        return [
+            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
+        ]
+    finally:
+        journal.close()
+
+
+def caught_up(r: dict[int, dict[str, Any]]) -> bool:
+    return (
+        r[1]["state"] == "training"
+        and (r[1]["step"] or 0) >= min(r[0]["step"] or 0, r[2]["step"] or 0) - 3
+    )
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(420)
 def test_only_the_failed_replica_is_requeued(
     slurm_cluster: DevClusterConfig, tmp_path: Path
 ) -> None:
-    hw = tmp_path / "hw"
-    for node in slurm_cluster.node_names:
-        write_node_inputs(hw, node)
+    gated = devcluster.reconfigure(slurm_cluster, **devcluster.health_settings(slurm_cluster))
+    hw = devcluster.hardware_dir(gated)
     run_dir = tmp_path / "run"
     python = sys.executable
     spec = tmp_path / "spec.toml"
-    command = COMMAND.format(hw=hw, python=python).replace('"', '\\"')
-    spec.write_text(SPEC.format(run_dir=run_dir, python=python, command=command))
+    spec.write_text(SPEC.format(run_dir=run_dir, python=python, steps=STEPS))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
     backend = CommandBackend()
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
@@ -148,24 +159,20 @@ def test_only_the_failed_replica_is_requeued(
             env,
             run_dir,
             lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
-            240,
+            120,
             "all replicas training",
             trace,
         )
         jobs = {k: r["job_id"] for k, r in before.items()}
         victim = before[1]["nodes"][0]
-        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--hardware-root", str(hw))
+        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(gated.directory))
         drained = victim
         t_fault = time.time()
         after = wait_until(
             env,
             run_dir,
-            lambda r: (
-                r[1]["restarts"] == 1
-                and r[1]["state"] == "training"
-                and (r[1]["step"] or 0) >= min(r[0]["step"], r[2]["step"]) - 3
-            ),
-            300,
+            lambda r: r[1]["restarts"] == 1 and caught_up(r),
+            120,
             "replica 1 requeued and caught up",
             trace,
         )
@@ -186,47 +193,46 @@ def test_only_the_failed_replica_is_requeued(
             assert all(len({a, b, c}) > 1 for a, b, c in triples), steps
         (info,) = backend.nodes([victim])
         assert info.drained_by_us and info.reason.startswith("fthsdp: xid:"), info
-        journal = Journal.in_run_dir(run_dir)
-        try:
-            requeues = [
-                (s.action.job_id, s.status)
-                for s in journal.actions()
-                if isinstance(s.action, Requeue)
-            ]
-        finally:
-            journal.close()
-        assert requeues == [(jobs[1], "done")]
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
 
         # Tier 1: the replica's processes die with no hardware sign -> relaunch in place.
         new_node = after[1]["nodes"][0]
+        assert after[1]["step"] < STEPS - 60, "too late in the run for the tier-1 scenario"
         fthsdp(env, "cluster", "inject", new_node, "--fault", "kill")
-        final = wait_until(
+        relaunched = wait_until(
             env,
             run_dir,
-            lambda r: (
-                r[1]["relaunches"] == 1
-                and r[1]["state"] == "training"
-                and (r[1]["step"] or 0) >= min(r[0]["step"], r[2]["step"]) - 3
-            ),
-            120,
+            lambda r: r[1]["relaunches"] >= 1 and caught_up(r),
+            90,
             "replica 1 relaunched in place",
             trace,
         )
-        assert final[1]["job_id"] == jobs[1] and final[1]["restarts"] == 1
-        assert final[1]["nodes"] == after[1]["nodes"]
+        assert relaunched[1]["job_id"] == jobs[1] and relaunched[1]["restarts"] == 1
+        assert relaunched[1]["nodes"] == after[1]["nodes"]
+
+        # The run finishes: every replica's job completes, nobody else ever restarted.
+        final = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["slurm_state"] == "COMPLETED" for x in r.values()),
+            150,
+            "the run to finish",
+            trace,
+        )
         assert final[0]["restarts"] == final[2]["restarts"] == 0
-        journal = Journal.in_run_dir(run_dir)
-        try:
-            assert len([s for s in journal.actions() if isinstance(s.action, Requeue)]) == 1
-        finally:
-            journal.close()
+        assert [final[k]["job_id"] for k in range(3)] == [jobs[k] for k in range(3)]
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert final_weights_agree(run_dir, [0, 1, 2])
+        ledger = check_ledger(run_dir, STEPS)
+        assert ledger.ok, ledger.problems
     finally:
         cancel(env, run_dir)
         if drained:
-            write_node_inputs(hw, drained)
+            heal(hw, drained, gated.gpus_per_node)
             subprocess.run(
                 ["scontrol", "update", f"NodeName={drained}", "State=RESUME"],
                 capture_output=True,
                 timeout=30,
                 check=False,
             )
+        devcluster.reconfigure(slurm_cluster)

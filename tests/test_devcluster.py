@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -73,6 +74,56 @@ def test_slurm_conf_has_fast_failure_settings_and_gres() -> None:
         devcluster.gres_conf(cfg)
         == "NodeName=node[1-2] Name=gpu Type=h100 File=/c/dev/nvidia[0-3]\n"
     )
+
+
+def test_health_settings_install_gating_and_task_env(tmp_path: Path) -> None:
+    cfg = devcluster.with_health(DevClusterConfig(directory=tmp_path, nodes=2, gpus_per_node=4))
+    devcluster.write_files(cfg, fresh_hardware=True)
+    conf = devcluster.slurm_conf(cfg).splitlines()
+    bin_dir = tmp_path / "bin"
+    for line in (
+        f"Prolog={bin_dir}/fthsdp-prolog",
+        "PrologFlags=Alloc",
+        f"Epilog={bin_dir}/fthsdp-epilog",
+        f"HealthCheckProgram={bin_dir}/fthsdp-healthcheck",
+        f"TaskProlog={bin_dir}/fthsdp-task-prolog",
+    ):
+        assert line in conf, line
+    wrapper = (bin_dir / "fthsdp-prolog").read_text()
+    assert "-m prolog_epilog.entrypoints prolog --config" in wrapper
+    assert f"{tmp_path}/hardware/health.toml" in wrapper and f"PYTHONPATH={REPO}" in wrapper
+    assert (tmp_path / "hardware" / "node2" / "bin" / "nvidia-smi").exists()
+    assert "expected = 4" in (tmp_path / "hardware" / "health.toml").read_text()
+    # The TaskProlog exports the job's hardware inputs unless the job set them itself.
+    task_prolog = str(bin_dir / "fthsdp-task-prolog")
+    clean = {"PATH": os.environ["PATH"]}
+    out = subprocess.run([task_prolog], capture_output=True, text=True, env=clean, check=True)
+    assert out.stdout.splitlines() == [
+        f"export FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml",
+        f"export FTHSDP_SLOW_FILE={tmp_path}/hardware/{{node}}/slow",
+    ]
+    own = {**clean, "FTHSDP_HEALTH_CONFIG": "/mine.toml"}
+    out = subprocess.run([task_prolog], capture_output=True, text=True, env=own, check=True)
+    assert "FTHSDP_HEALTH_CONFIG" not in out.stdout and "FTHSDP_SLOW_FILE" in out.stdout
+    # A reconfigure keeps injected faults; a fresh `up` heals them.
+    from runtime.control.inject import inject, node_faults
+
+    inject(tmp_path / "hardware", "node1", "xid79", gpus=4)
+    devcluster.write_files(cfg)
+    assert node_faults(tmp_path / "hardware", "node1") == ["xid79"]
+    devcluster.write_files(cfg, fresh_hardware=True)
+    assert node_faults(tmp_path / "hardware", "node1") == []
+    assert devcluster.DevClusterConfig.load(tmp_path) == cfg
+
+
+def test_sinfo_json_gives_node_address() -> None:
+    from slurm.backend import parse_sinfo_json
+
+    text = json.dumps(
+        {"nodes": [{"name": "node1", "hostname": "localhost", "address": "127.0.0.1"}]}
+    )
+    (node,) = parse_sinfo_json(text)
+    assert (node.name, node.address) == ("node1", "127.0.0.1")
 
 
 @pytest.mark.parametrize(
