@@ -209,15 +209,23 @@ def test_cluster_up_status_down_twice_in_a_row(tmp_path: Path) -> None:
     ports = ["--port", str(base), "--slurmd-port", str(base + 1)]
     cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
     try:
-        for _ in range(2):
-            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
+        for health in ([], ["--health"]):
+            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports, *health)
             assert up.returncode == 0, up.stderr
             assert up.stdout.strip() == f"export SLURM_CONF={tmp_path}/etc/slurm.conf"
+            conf = (tmp_path / "etc" / "slurm.conf").read_text().splitlines()
+            assert (f"Prolog={tmp_path}/bin/fthsdp-prolog" in conf) == bool(health)
+            if health:
+                assert f"FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml" in up.stderr
             again = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
             assert again.returncode == 2 and "already runs a cluster" in again.stderr
             st = _cli("cluster", "status", "--dir", str(tmp_path), "--json")
             assert st.returncode == 0, st.stderr
             assert '"node1": "idle"' in st.stdout and '"node2": "idle"' in st.stdout
+            if health:  # inject/heal find the cluster's hardware under --dir
+                inj = _cli("cluster", "inject", "node2", "--fault", "ecc", "--dir", str(tmp_path))
+                assert inj.returncode == 0 and "ecc" in inj.stdout, inj.stderr
+                assert (tmp_path / "hardware" / "node2" / "faults.json").read_text() == '["ecc"]'
             down = _cli("cluster", "down", "--dir", str(tmp_path))
             assert down.returncode == 0 and "slurmctld" in down.stdout
             assert not devcluster.live_daemons(cfg)

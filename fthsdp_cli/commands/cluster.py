@@ -99,7 +99,7 @@ def up(
             "--fault xid79'. Jobs' tasks get these (TaskProlog; a spec's [job].env may set them):"
         )
         for key, value in devcluster.job_health_env(cfg).items():
-            err.print(f"  {key}={value}", highlight=False, markup=False)
+            click.echo(f"  {key}={value}", err=True)  # unwrapped: meant to be copied
     click.echo(f"export SLURM_CONF={cfg.conf_path}")
 
 
