@@ -44,7 +44,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import ledger
+from runtime import ledger, rendezvous
 from runtime.api_files import FINISHED_MARKER
 from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
@@ -163,6 +163,11 @@ class FTHSDP:
 
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        try:
+            addr, port = rendezvous.resolve(env)
+        except rendezvous.RendezvousError as exc:
+            raise FatalWorkerError(str(exc), ExitCode.PROCESS_FAULT) from None
+        env = self.env = replace(env, master_addr=addr, master_port=port)
         os.environ.update(
             {
                 "MASTER_ADDR": env.master_addr,
@@ -616,7 +621,8 @@ class FTHSDP:
         os._exit(int(verdict.exit_code))
 
     def _node_name(self) -> str:
-        return socket.gethostname()
+        """The Slurm node this rank runs on (dev nodes share one host, so not the hostname)."""
+        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
     def finish(self) -> None:
         """Write this rank's final local shards, stop the side services, shut torchft down."""

@@ -4,7 +4,9 @@ The sbatch scripts (under Slurm) and the local launcher (`runtime.local_launcher
 worker with the same `FTHSDP_*` variables; the worker's ranks come from torchrun-style
 `RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when those are set, else from
 `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` with the replica's first node as the rendezvous host
-and a port derived from the job id. Parsing is pure (a mapping in, a `WorkerEnv` out) so it is
+and a provisional port derived from the job id (the worker settles both with `runtime.rendezvous`:
+the node's Slurm address when its name does not resolve, and a free port that group rank 0
+publishes in the run directory). Parsing is pure (a mapping in, a `WorkerEnv` out) so it is
 tested by tables; a missing or inconsistent variable raises `EnvError` naming it, which the
 worker turns into one line and exit code 2 (`ExitCode.BAD_ENV`).
 

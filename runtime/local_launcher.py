@@ -39,6 +39,7 @@ from typing import Any
 from runtime import ledger
 from runtime.api_files import list_final_shards
 from runtime.env import Timeouts
+from runtime.verdict import check_ledger, final_weights_agree
 
 
 @dataclass
@@ -501,12 +502,8 @@ class LocalLauncher:
                 if before and after:
                     stalls.append(max(0.0, after[0] - before[-1] - median_step))
         records = ledger.read_log(sorted((cfg.run_dir / "ledger").glob("r*.jsonl")))
-        verdict = ledger.verify(records)
-        steps = max((r.step for r in records), default=-1) + 1
-        ledger_ok = verdict.ok and steps == cfg.steps
-        problems = list(verdict.problems)
-        if steps != cfg.steps:
-            problems.append(f"{steps} steps committed, expected {cfg.steps}")
+        checked = check_ledger(cfg.run_dir, cfg.steps)
+        steps, ledger_ok, problems = checked.steps, checked.ok, checked.problems
         weights_agree = self._weights_agree()
         all_commit_t = [t for rs in self.replicas for t, *_ in rs.commits]
         joined_t = [t for rs in self.replicas for t in rs.joined.values()]
@@ -546,23 +543,7 @@ class LocalLauncher:
         """Final local shards of every finished replica are allclose, rank by rank."""
         shards = list_final_shards(self.cfg.run_dir)
         finished = [r.replica for r in self.replicas if r.state == "done" and r.replica in shards]
-        if not finished:
-            return False
-        import torch
-
-        reference = {
-            rank: torch.load(path, weights_only=True) for rank, path in shards[finished[0]].items()
-        }
-        for replica in finished[1:]:
-            for rank, path in shards[replica].items():
-                other = torch.load(path, weights_only=True)
-                ref = reference.get(rank)
-                if ref is None or other["step"] != ref["step"] or other["cursor"] != ref["cursor"]:
-                    return False
-                for name, tensor in ref["params"].items():
-                    if not torch.allclose(tensor, other["params"][name], rtol=1e-5, atol=1e-6):
-                        return False
-        return True
+        return final_weights_agree(self.cfg.run_dir, finished)
 
 
 def launch(

@@ -76,6 +76,9 @@ class NodeInfo:
     reason: str = ""
     gres: str = ""
     partitions: tuple[str, ...] = field(default_factory=tuple)
+    #: NodeAddr: where to reach the node (differs from its name when names do not resolve, as
+    #: on the dev cluster where every node is 127.0.0.1); empty when Slurm does not say.
+    address: str = ""
 
     @property
     def drained(self) -> bool:
@@ -343,6 +346,7 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
             reason=str(n.get("reason", "") or ""),
             gres=str(n.get("gres", "") or ""),
             partitions=tuple(n.get("partitions", []) or []),
+            address=str(n.get("address", "") or ""),
         )
     return list(out.values())
 

@@ -69,6 +69,16 @@ MAIL_TYPES = frozenset(
 GRES_FLAGS = frozenset({"enforce-binding", "disable-binding"})
 #: Health check names (the prolog in prolog_epilog/ owns the list and rejects unknown ones).
 RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
+#: FTHSDP_ inputs a spec may set in `[job].env`: where a rank's watchdog and slow-fault reader
+#: find their node's inputs (a site's health config, or a dev cluster's simulated hardware).
+USER_FTHSDP_ENV = (
+    "FTHSDP_HEALTH_CONFIG",
+    "FTHSDP_SLOW_FILE",
+    "FTHSDP_GPU_SOURCE",
+    "FTHSDP_SYSFS_ROOT",
+    "FTHSDP_KERNEL_LOG",
+    "FTHSDP_WATCHDOG_INTERVAL_S",
+)
 MAX_REPLICAS = 100_000
 
 
@@ -177,11 +187,12 @@ class JobSection:
         for key in self.env:
             if not ENV_KEY.match(key):
                 raise InputError(f"job.env.{key}", key, "a variable name [A-Za-z_][A-Za-z0-9_]*")
-            if key.startswith(RESERVED_ENV_PREFIXES):
+            if key.startswith(RESERVED_ENV_PREFIXES) and key not in USER_FTHSDP_ENV:
                 raise InputError(
                     f"job.env.{key}",
                     key,
-                    "names starting FTHSDP_ or SLURM_ are set by fthsdp/Slurm",
+                    "names starting FTHSDP_ or SLURM_ are set by fthsdp/Slurm "
+                    f"(except {', '.join(USER_FTHSDP_ENV)})",
                 )
             if "\0" in self.env[key]:
                 raise InputError(f"job.env.{key}", self.env[key], "a string without NUL bytes")

@@ -2,12 +2,14 @@
 file and log every call, a `fthsdp control` process that can be killed with -9, and signed posts.
 
 The dev-cluster end-to-end tests (`test_control_e2e.py`, `test_straggler_devcluster.py`) share
-the run they submit (`SPEC`, `COMMAND`: 3 one-node replicas of `examples/train_tiny.py` + the
-control job) and the helpers that drive it through the CLI (`fthsdp`, `wait_until`, `cancel`).
+the run they submit (`SPEC`, `write_spec`: 3 one-node replicas of `examples/train_tiny.py` + the
+control job), the health-gated cluster (`health_gated`) and the helpers that drive the run
+through the CLI (`fthsdp`, `wait_until`, `cancel`, `clean_up`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,13 +18,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.control.report import ReplicaReport, sign
+from slurm import devcluster
+from slurm.devcluster import DevClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,9 +197,12 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str], Contr
 
 # -- the dev-cluster end-to-end run ------------------------------------------------------------
 
+#: 3 one-node replicas of `examples/train_tiny.py` (one CPU rank each) + the control job; with the
+#: 4-node dev cluster that leaves one spare node. The training command is the plain python line:
+#: the health-gated dev cluster's TaskProlog points each rank at its node's simulated hardware.
 SPEC = """
 [job]
-name = "e2e"
+name = "{name}"
 run_dir = "{run_dir}"
 time = "00:20:00"
 partition = "gpu"
@@ -214,8 +221,8 @@ mem = "1G"
 python = "{python}"
 
 [train]
-command = "{command}"
-steps = 5000
+command = "{python} examples/train_tiny.py"
+steps = {steps}
 min_replicas = 2
 heartbeat_timeout_s = 2
 allreduce_timeout_s = 5
@@ -226,38 +233,25 @@ join_timeout_s = 30
 checks = ["xid", "ecc"]
 """
 
-# Dev nodes all live on this host: the rendezvous is loopback on a free port (one rank per
-# replica, so no other rank needs to know it; fixed ports collide on a shared host), and each
-# rank's watchdog reads its own node's simulated hardware.
-COMMAND = (
-    "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
-    "MASTER_ADDR=127.0.0.1 MASTER_PORT=$({python} -c 'import socket; s=socket.socket(); "
-    's.bind(("127.0.0.1", 0)); print(s.getsockname()[1])\') '
-    "PATH={hw}/$SLURMD_NODENAME/bin:$PATH FTHSDP_GPU_SOURCE=nvidia-smi "
-    "FTHSDP_KERNEL_LOG={hw}/$SLURMD_NODENAME/kern.log FTHSDP_SYSFS_ROOT={hw}/$SLURMD_NODENAME/sys; "
-    "exec {python} examples/train_tiny.py"
-)
 
-
-def write_run(
-    work: Path, nodes: Iterable[str], command_prefix: str = ""
-) -> tuple[Path, Path, Path]:
-    """Healthy simulated hardware for `nodes` under work/hw and the run's spec at work/spec.toml.
-
-    `command_prefix` goes before `COMMAND` (both may use `{hw}` and `{python}`). Returns
-    (spec, run_dir, hardware root).
-    """
-    from prolog_epilog.simulated_hardware import write_node_inputs
-
-    hw = work / "hw"
-    for node in nodes:
-        write_node_inputs(hw, node)
+def write_spec(work: Path, steps: int, name: str = "e2e") -> tuple[Path, Path]:
+    """The run's spec at work/spec.toml; returns (spec, run_dir). `--dependency=singleton` is
+    per job name, so runs that may overlap in one session use different names."""
     run_dir = work / "run"
     spec = work / "spec.toml"
-    python = sys.executable
-    command = (command_prefix + COMMAND).format(hw=hw, python=python).replace('"', '\\"')
-    spec.write_text(SPEC.format(run_dir=run_dir, python=python, command=command))
-    return spec, run_dir, hw
+    spec.write_text(SPEC.format(name=name, run_dir=run_dir, python=sys.executable, steps=steps))
+    return spec, run_dir
+
+
+@contextlib.contextmanager
+def health_gated(cfg: DevClusterConfig) -> Iterator[DevClusterConfig]:
+    """The session cluster switched to simulated hardware + the project's Prolog/Epilog/
+    HealthCheckProgram/TaskProlog for the block, and back afterwards."""
+    gated = devcluster.reconfigure(cfg, **devcluster.health_settings(cfg))
+    try:
+        yield gated
+    finally:
+        devcluster.reconfigure(cfg)
 
 
 def fthsdp(env: dict[str, str], *args: str) -> str:
@@ -286,13 +280,13 @@ def cancel(env: dict[str, str], run_dir: Path) -> None:
     )
 
 
-def clean_up(env: dict[str, str], run_dir: Path, hw: Path, node: str | None) -> None:
+def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: str | None) -> None:
     """Cancel the run; make `node` (the one a fault was injected into) healthy and resume it."""
     from runtime.control.inject import heal
 
     cancel(env, run_dir)
     if node:
-        heal(hw, node)
+        heal(devcluster.hardware_dir(cfg), node, cfg.gpus_per_node)
         subprocess.run(
             ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
             capture_output=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -73,6 +74,56 @@ def test_slurm_conf_has_fast_failure_settings_and_gres() -> None:
         devcluster.gres_conf(cfg)
         == "NodeName=node[1-2] Name=gpu Type=h100 File=/c/dev/nvidia[0-3]\n"
     )
+
+
+def test_health_settings_install_gating_and_task_env(tmp_path: Path) -> None:
+    cfg = devcluster.with_health(DevClusterConfig(directory=tmp_path, nodes=2, gpus_per_node=4))
+    devcluster.write_files(cfg, fresh_hardware=True)
+    conf = devcluster.slurm_conf(cfg).splitlines()
+    bin_dir = tmp_path / "bin"
+    for line in (
+        f"Prolog={bin_dir}/fthsdp-prolog",
+        "PrologFlags=Alloc",
+        f"Epilog={bin_dir}/fthsdp-epilog",
+        f"HealthCheckProgram={bin_dir}/fthsdp-healthcheck",
+        f"TaskProlog={bin_dir}/fthsdp-task-prolog",
+    ):
+        assert line in conf, line
+    wrapper = (bin_dir / "fthsdp-prolog").read_text()
+    assert "-m prolog_epilog.entrypoints prolog --config" in wrapper
+    assert f"{tmp_path}/hardware/health.toml" in wrapper and f"PYTHONPATH={REPO}" in wrapper
+    assert (tmp_path / "hardware" / "node2" / "bin" / "nvidia-smi").exists()
+    assert "expected = 4" in (tmp_path / "hardware" / "health.toml").read_text()
+    # The TaskProlog exports the job's hardware inputs unless the job set them itself.
+    task_prolog = str(bin_dir / "fthsdp-task-prolog")
+    clean = {"PATH": os.environ["PATH"]}
+    out = subprocess.run([task_prolog], capture_output=True, text=True, env=clean, check=True)
+    assert out.stdout.splitlines() == [
+        f"export FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml",
+        f"export FTHSDP_SLOW_FILE={tmp_path}/hardware/{{node}}/slow",
+    ]
+    own = {**clean, "FTHSDP_HEALTH_CONFIG": "/mine.toml"}
+    out = subprocess.run([task_prolog], capture_output=True, text=True, env=own, check=True)
+    assert "FTHSDP_HEALTH_CONFIG" not in out.stdout and "FTHSDP_SLOW_FILE" in out.stdout
+    # A reconfigure keeps injected faults; a fresh `up` heals them.
+    from runtime.control.inject import inject, node_faults
+
+    inject(tmp_path / "hardware", "node1", "xid79", gpus=4)
+    devcluster.write_files(cfg)
+    assert node_faults(tmp_path / "hardware", "node1") == ["xid79"]
+    devcluster.write_files(cfg, fresh_hardware=True)
+    assert node_faults(tmp_path / "hardware", "node1") == []
+    assert devcluster.DevClusterConfig.load(tmp_path) == cfg
+
+
+def test_sinfo_json_gives_node_address() -> None:
+    from slurm.backend import parse_sinfo_json
+
+    text = json.dumps(
+        {"nodes": [{"name": "node1", "hostname": "localhost", "address": "127.0.0.1"}]}
+    )
+    (node,) = parse_sinfo_json(text)
+    assert (node.name, node.address) == ("node1", "127.0.0.1")
 
 
 @pytest.mark.parametrize(
@@ -158,15 +209,23 @@ def test_cluster_up_status_down_twice_in_a_row(tmp_path: Path) -> None:
     ports = ["--port", str(base), "--slurmd-port", str(base + 1)]
     cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
     try:
-        for _ in range(2):
-            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
+        for health in ([], ["--health"]):
+            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports, *health)
             assert up.returncode == 0, up.stderr
             assert up.stdout.strip() == f"export SLURM_CONF={tmp_path}/etc/slurm.conf"
+            conf = (tmp_path / "etc" / "slurm.conf").read_text().splitlines()
+            assert (f"Prolog={tmp_path}/bin/fthsdp-prolog" in conf) == bool(health)
+            if health:
+                assert f"FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml" in up.stderr
             again = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
             assert again.returncode == 2 and "already runs a cluster" in again.stderr
             st = _cli("cluster", "status", "--dir", str(tmp_path), "--json")
             assert st.returncode == 0, st.stderr
             assert '"node1": "idle"' in st.stdout and '"node2": "idle"' in st.stdout
+            if health:  # inject/heal find the cluster's hardware under --dir
+                inj = _cli("cluster", "inject", "node2", "--fault", "ecc", "--dir", str(tmp_path))
+                assert inj.returncode == 0 and "ecc" in inj.stdout, inj.stderr
+                assert (tmp_path / "hardware" / "node2" / "faults.json").read_text() == '["ecc"]'
             down = _cli("cluster", "down", "--dir", str(tmp_path))
             assert down.returncode == 0 and "slurmctld" in down.stdout
             assert not devcluster.live_daemons(cfg)

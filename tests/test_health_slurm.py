@@ -2,16 +2,15 @@
 
 The dev cluster's slurmds all run on this host, so each node gets its own simulated hardware
 (`simulated_hardware.write_node_inputs`) and one config with `{node}` paths. The Prolog and
-HealthCheckProgram are small wrapper scripts with absolute paths, since slurmd runs them as root
-in its own environment. The cluster is shared by the test session: the fixture restores the
-original slurm.conf and resumes every node it touched.
+HealthCheckProgram are `slurm.devcluster.entrypoint_wrapper` scripts with absolute paths, since
+slurmd runs them as root in its own environment. The cluster is shared by the test session: the
+fixture restores the original slurm.conf and resumes every node it touched.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
 from slurm import devcluster
 from slurm.backend import CommandBackend
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slurm
 
 
@@ -41,15 +39,7 @@ class HealthCluster:
 
 
 def _wrapper(path: Path, mode: str, config: Path, conf: Path) -> str:
-    path.write_text(
-        "#!/bin/sh\n"
-        f"export SLURM_CONF={conf}\n"
-        f"export PYTHONPATH={REPO}\n"
-        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-        f"exec {sys.executable} -m prolog_epilog.entrypoints {mode} --config {config}\n"
-    )
-    path.chmod(0o755)
-    return str(path)
+    return devcluster.entrypoint_wrapper(path, mode, config, conf)
 
 
 def _scontrol(*args: str) -> str:

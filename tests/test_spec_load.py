@@ -110,6 +110,17 @@ def test_override_env_entry() -> None:
     assert spec.job.env["NCCL_DEBUG"] == "WARN"
 
 
+def test_env_may_point_the_watchdog_at_its_inputs() -> None:
+    """The watchdog's and slow fault's input paths are the user's to set; the rest of FTHSDP_
+    stays fthsdp's (see the BAD table)."""
+    spec = load_spec(
+        SPECS / "basic.toml",
+        ["job.env.FTHSDP_HEALTH_CONFIG=/etc/fthsdp/health.toml", "job.env.FTHSDP_SLOW_FILE=/x"],
+    )
+    assert spec.job.env["FTHSDP_HEALTH_CONFIG"] == "/etc/fthsdp/health.toml"
+    assert spec.job.env["FTHSDP_SLOW_FILE"] == "/x"
+
+
 def test_overrides_do_not_mutate_input() -> None:
     data = minimal()
     apply_overrides(data, ["replicas.count=9"])

@@ -1,8 +1,9 @@
 """End to end on the dev cluster: a replica on a slow node is evicted alone, its node drained.
 
 The run of `test_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the control
-job + one spare node), with every rank reading its node's simulated slow file
-(`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`) and a short straggler
+job + one spare node) on the health-gated cluster, whose TaskProlog has every rank read its node's
+simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`) and a
+short straggler
 window (`train.straggler_window_steps`). `fthsdp cluster inject <replica 1's node> --fault slow=2`
 makes replica 1 compute at half speed: nothing fails, the others wait for it in every allreduce.
 The coordinator's straggler monitor must see it, and since the slowdown over the remaining steps
@@ -24,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_harness import ROOT, clean_up, fthsdp, requeued_and_caught_up, wait_until, write_run
+from control_harness import (
+    ROOT,
+    clean_up,
+    fthsdp,
+    health_gated,
+    requeued_and_caught_up,
+    wait_until,
+    write_spec,
+)
 
 from runtime.control.journal import Journal
 from runtime.control.policy import Requeue, StragglerEviction
@@ -67,13 +76,13 @@ def seconds_per_step(trace: Trace) -> float:
 def test_slow_node_replica_alone_is_evicted(
     slurm_cluster: DevClusterConfig, tmp_path: Path
 ) -> None:
-    # `{node}` stays literal: each rank puts its own node's name in (SlowFault.from_env).
-    # [job].env refuses FTHSDP_ names (fthsdp owns them), so the command sets it, like the
-    # other simulated-hardware paths in COMMAND.
-    slow_file = "export FTHSDP_SLOW_FILE={hw}/{{node}}/slow; "
-    spec, run_dir, hw = write_run(tmp_path, slurm_cluster.node_names, slow_file)
+    with health_gated(slurm_cluster) as gated:
+        _slow_node_replica_alone_is_evicted(gated, tmp_path)
+
+
+def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, tmp_path: Path) -> None:
+    spec, run_dir = write_spec(tmp_path, steps=5000, name="slow")
     overrides = [
-        "job.name=slow",  # not the other e2e's name: `--dependency=singleton` is per name
         f"train.straggler_factor={FACTOR}",
         f"train.straggler_window_steps={WINDOW_STEPS}",
         "train.straggler_requeue_cost_s=30",
@@ -107,8 +116,8 @@ def test_slow_node_replica_alone_is_evicted(
             victim,
             "--fault",
             f"slow={SLOW:g}",
-            "--hardware-root",
-            str(hw),
+            "--dir",
+            str(gated.directory),
         )
         assert f"slow={SLOW:g}" in out, out
         t_fault = time.time()
@@ -161,4 +170,4 @@ def test_slow_node_replica_alone_is_evicted(
         requeues, evictions = journal_summary(run_dir)
         assert len(requeues) == 1 and len(evictions) == 1
     finally:
-        clean_up(env, run_dir, hw, victim)
+        clean_up(env, run_dir, gated, victim)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm import devcluster
-from slurm.errors import EnvironmentProblem
+from slurm.errors import EnvironmentProblem, InputError
 
 _dir_option = click.option(
     "--dir",
@@ -44,6 +44,12 @@ def cluster() -> None:
 @click.option("--healthcheck", default=None, help="HealthCheckProgram= program.")
 @click.option("--healthcheck-interval", default=0, type=int, help="HealthCheckInterval= seconds.")
 @click.option(
+    "--health",
+    is_flag=True,
+    help="Simulated hardware per node under DIR/hardware, gated by the project's Prolog, Epilog, "
+    "HealthCheckProgram; a TaskProlog points jobs' watchdogs at it (see 'cluster inject').",
+)
+@click.option(
     "--hold-on-prolog-fail",
     is_flag=True,
     help="Leave out nohold_on_prolog_fail: jobs whose prolog fails are requeued held.",
@@ -60,6 +66,7 @@ def up(
     epilog: str | None,
     healthcheck: str | None,
     healthcheck_interval: int,
+    health: bool,
     hold_on_prolog_fail: bool,
 ) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all nodes are idle."""
@@ -77,10 +84,22 @@ def up(
         health_check_interval=healthcheck_interval,
         nohold_on_prolog_fail=not hold_on_prolog_fail,
     )
+    if health:
+        if prolog or epilog or healthcheck:
+            raise InputError("--health", "with --prolog/--epilog/--healthcheck", "one or the other")
+        cfg = devcluster.with_health(cfg)
     err = Console(stderr=True)
     with err.status(f"starting {nodes}-node dev cluster in {cfg.directory}"):
         devcluster.up(cfg)
     err.print(f"[green]dev cluster up[/]: {nodes} nodes, {len(cfg.switches)} leaf switches")
+    if health:
+        err.print(
+            f"simulated hardware in {devcluster.hardware_dir(cfg)}; Prolog, Epilog and "
+            "HealthCheckProgram gate nodes on it; break one with 'fthsdp cluster inject NODE "
+            "--fault xid79'. Jobs' tasks get these (TaskProlog; a spec's [job].env may set them):"
+        )
+        for key, value in devcluster.job_health_env(cfg).items():
+            click.echo(f"  {key}={value}", err=True)  # unwrapped: meant to be copied
     click.echo(f"export SLURM_CONF={cfg.conf_path}")
 
 

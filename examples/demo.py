@@ -1,0 +1,266 @@
+"""`make demo`: a GPU fault mid-run on a real (local) Slurm; only the broken replica is requeued.
+
+With root and Slurm (slurm-wlm, munge) this starts the dev cluster with health gating in
+`.devcluster/` (`fthsdp cluster up --health`: 4 nodes of 8 simulated GPUs each, the project's
+Prolog/Epilog/HealthCheckProgram), submits `examples/demo.toml` (3 replicas, each with a CPU
+helper component; the fourth node is the spare), waits until every replica trains, then breaks
+replica 1's node with an Xid 79 (`fthsdp cluster inject NODE --fault xid79`). The run's status is
+shown live (the `fthsdp status` table) until it finishes; then a summary (steps, failures,
+requeues, the healthy replicas' stall, final weights, ledger) and the drained node's reason, as
+`sinfo -R` shows it. The jobs are cancelled and the cluster stopped in any case.
+
+Without root or Slurm it says why and runs the same story on local processes instead:
+`fthsdp run --local examples/tiny.toml --steps 600 --kill-replica 1 --at-step 60`.
+
+Exit code 0 when the run finished with agreeing weights, an exactly-once ledger and exactly one
+requeue (replica 1's), with replicas 0 and 2 never restarted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console, Group  # noqa: E402
+from rich.live import Live  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
+
+from slurm import devcluster  # noqa: E402
+
+CLUSTER_DIR = REPO / ".devcluster"
+RUN_DIR = CLUSTER_DIR / "runs" / "demo"
+SPEC = REPO / "examples" / "demo.toml"
+VICTIM = 1
+INJECT_AT_STEP = 40
+RUN_TIMEOUT_S = 420
+# A pipe (`make demo | tee`) gets 80 columns by default: too narrow for the status table.
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+def local_fallback(why: str) -> int:
+    console.print(f"[yellow]No dev cluster here[/]: {why}.")
+    console.print(
+        "Running the same story on local processes instead: "
+        "fthsdp run --local examples/tiny.toml --steps 600 --kill-replica 1 --at-step 60"
+    )
+    cmd = [sys.executable, "-m", "fthsdp_cli", "run", "--local", "examples/tiny.toml"]
+    cmd += ["--steps", "600"]
+    cmd += ["--kill-replica", "1", "--at-step", "60"]
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    return subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def start_cluster() -> devcluster.DevClusterConfig:
+    """`fthsdp cluster up --health --dir .devcluster` on free ports (a leftover demo cluster in
+    the same folder is stopped first)."""
+    if (CLUSTER_DIR / devcluster.CONFIG_FILE).exists():
+        old = devcluster.DevClusterConfig.load(CLUSTER_DIR)
+        if devcluster.live_daemons(old):
+            console.print("stopping a dev cluster left over in .devcluster/")
+            devcluster.down(old)
+    base = devcluster.free_port_block(5, start=16817)
+    cfg = devcluster.with_health(
+        devcluster.DevClusterConfig(
+            directory=CLUSTER_DIR, nodes=4, ctld_port=base, slurmd_base_port=base + 1
+        )
+    )
+    with console.status("starting the dev cluster (4 nodes x 8 GPUs, health-gated)"):
+        devcluster.up(cfg)
+    console.print(f"[green]dev cluster up[/] in {CLUSTER_DIR}: export SLURM_CONF={cfg.conf_path}")
+    return cfg
+
+
+def job_environment(cfg: devcluster.DevClusterConfig) -> None:
+    """Jobs inherit the submitter's environment (sbatch --export=ALL): point them at this
+    cluster, this checkout and this interpreter's `python`."""
+    os.environ["SLURM_CONF"] = str(cfg.conf_path)
+    os.environ["PYTHONPATH"] = _pythonpath()
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    os.environ.setdefault("TINY_STEP_SLEEP_S", "0.1")
+
+
+def progress_commits(run_dir: Path, replica: int) -> list[dict[str, Any]]:
+    path = run_dir / "progress" / f"r{replica}.jsonl"
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "commit":
+            out.append(rec)
+    return out
+
+
+def healthy_stall(run_dir: Path, t_fault: float, t_back: float) -> float:
+    """Longest wait between two commits of replicas 0 and 2 during the outage, minus their
+    median step time."""
+    worst = 0.0
+    for k in (0, 2):
+        ts = [float(c["t"]) for c in progress_commits(run_dir, k)]
+        steps = [b - a for a, b in itertools.pairwise(ts)]
+        median = statistics.median(steps) if steps else 0.0
+        inside = [t for t in ts if t_fault <= t <= t_back]
+        marks = [t_fault, *inside, t_back]
+        gap = max((b - a for a, b in itertools.pairwise(marks)), default=0.0)
+        worst = max(worst, gap - median)
+    return worst
+
+
+def rejoined_at(run_dir: Path, t_fault: float) -> float | None:
+    """When replica 1's new incarnation first committed a step after the fault."""
+    commits = progress_commits(run_dir, VICTIM)
+    before = {c.get("incarnation") for c in commits if float(c["t"]) < t_fault}
+    for c in commits:
+        if float(c["t"]) >= t_fault and c.get("incarnation") not in before:
+            return float(c["t"])
+    return None
+
+
+def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
+    """Show the run live; inject the fault once every replica trains; return when it ends."""
+    from fthsdp_cli.commands.status import _render, full_status
+    from runtime.control.inject import inject
+    from slurm.backend import CommandBackend
+
+    backend = CommandBackend(timeout=20)
+    t_fault = 0.0
+    note = Text("waiting for every replica to train ...")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    data = full_status(RUN_DIR, backend)
+    with Live(Group(_render(data), note), console=console, refresh_per_second=2) as live:
+        while time.monotonic() < deadline:
+            data = full_status(RUN_DIR, backend)
+            reps = data["replicas"]
+            if not t_fault and all(
+                r["state"] == "training" and (r["step"] or 0) >= INJECT_AT_STEP for r in reps
+            ):
+                node = reps[VICTIM]["nodes"][0]
+                inject(devcluster.hardware_dir(cfg), node, "xid79", cfg.gpus_per_node)
+                t_fault = time.time()
+                live.console.print(
+                    f"[red]injected Xid 79 into {node}[/] (replica {VICTIM}, step "
+                    f"{reps[VICTIM]['step']}): fthsdp cluster inject {node} --fault xid79"
+                )
+                note = Text(f"replica {VICTIM}'s node {node} lost a GPU; watching the recovery")
+            if reps and all(r["slurm_state"] == "COMPLETED" for r in reps):
+                live.update(Group(_render(data), Text("run finished")))
+                return t_fault, data
+            live.update(Group(_render(data), note))
+            time.sleep(1)
+    raise TimeoutError(f"the run did not finish within {RUN_TIMEOUT_S} s")
+
+
+def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, Any]) -> bool:
+    from runtime.control.journal import Journal
+    from runtime.control.policy import Requeue
+    from runtime.verdict import check_ledger, final_weights_agree
+    from slurm.backend import CommandBackend
+    from slurm.spec import load_spec
+
+    target = load_spec(SPEC).train.steps
+    journal = Journal.in_run_dir(RUN_DIR)
+    try:
+        requeues = [
+            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
+        ]
+    finally:
+        journal.close()
+    reps = {r["replica"]: r for r in data["replicas"]}
+    ledger = check_ledger(RUN_DIR, target)
+    weights = final_weights_agree(RUN_DIR, sorted(reps))
+    back = rejoined_at(RUN_DIR, t_fault) if t_fault else None
+    stall = healthy_stall(RUN_DIR, t_fault, back) if t_fault and back else None
+    failures = sum((r["requeues"] or 0) + (r["relaunches"] or 0) for r in reps.values())
+    others_untouched = all(reps[k]["restarts"] == 0 for k in reps if k != VICTIM)
+    only_victim = requeues == [(reps[VICTIM]["job_id"], "done")]
+
+    console.print()
+    table = Table(title="demo summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("steps committed", f"{ledger.steps} of {target}")
+    table.add_row("failures handled", str(failures))
+    table.add_row("requeues", f"{len(requeues)} (job {', '.join(j for j, _ in requeues) or '-'})")
+    table.add_row(
+        "replicas 0 and 2", "never restarted" if others_untouched else "RESTARTED (unexpected)"
+    )
+    if back is not None:
+        table.add_row("fault -> replica 1 training again", f"{back - t_fault:.1f} s")
+    table.add_row("healthy replicas' longest stall", "-" if stall is None else f"{stall:.1f} s")
+    table.add_row("final weights agree", "yes" if weights else "NO")
+    table.add_row("ledger (exactly-once data)", "ok" if ledger.ok else "; ".join(ledger.problems))
+    console.print(table)
+    drained = [n for n in CommandBackend(timeout=20).nodes() if n.drained]
+    console.print("sinfo -R:")
+    console.print(f"{'REASON':<50} {'NODELIST'}", highlight=False)
+    for n in drained:
+        console.print(f"{n.reason:<50} {n.name}", highlight=False, markup=False)
+    return weights and ledger.ok and only_victim and others_untouched
+
+
+def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
+    if cfg is None:
+        return
+    from slurm.backend import CommandBackend, SlurmCommandError
+    from slurm.run_dir import read_run
+    from slurm.submit import cancel_run
+
+    try:
+        cancel_run(read_run(RUN_DIR), CommandBackend(timeout=20))
+    except (SlurmCommandError, OSError, ValueError) as exc:
+        console.print(f"(cancel: {exc})")
+    stopped = devcluster.down(cfg)
+    console.print(f"dev cluster stopped ({len(stopped)} daemons); files kept in {CLUSTER_DIR}")
+
+
+def main() -> int:
+    os.chdir(REPO)
+    problems = devcluster.missing_prerequisites()
+    if problems:
+        return local_fallback("; ".join(problems))
+    cfg: devcluster.DevClusterConfig | None = None
+    try:
+        cfg = start_cluster()
+        job_environment(cfg)
+        from slurm.backend import CommandBackend
+        from slurm.spec import load_spec
+        from slurm.submit import submit_run
+
+        if RUN_DIR.exists():
+            shutil.rmtree(RUN_DIR)
+        spec = load_spec(SPEC, [f"job.run_dir={RUN_DIR}"])
+        record = submit_run(spec, CommandBackend(timeout=20))
+        ids = ", ".join(r.job_id for r in record.replicas)
+        control = record.control.job_id if record.control else "-"
+        console.print(f"submitted {SPEC.name}: control job {control}, replica jobs {ids}")
+        t_fault, data = watch(cfg)
+        ok = summarize(cfg, t_fault, data)
+    finally:
+        cleanup(cfg)
+    console.print("[green]demo ok[/]" if ok else "[red]demo: something is off (see above)[/]")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
