@@ -359,11 +359,14 @@ class LocalLauncher:
     # ---------------------------------------------------------------- faults
     def _healthy_others(self, victim: ReplicaState) -> bool:
         now = time.time()
+        # The launcher's view of a replica lags its processes: one that just died on its own still
+        # reads "training" until `_supervise` collects it, so ask the processes too.
         return any(
             o is not victim
             and o.state == "training"
             and o.last_commit_t is not None
             and now - o.last_commit_t < 2.0
+            and all(p.poll() is None for p in o.procs)
             for o in self.replicas
         )
 
