@@ -397,6 +397,9 @@ class FTHSDP:
             if max_step == 0:
                 self._sync_step("init")
                 continue
+            if max_step == 1 and self._behind_the_run():
+                self._refuse_fresh_start()
+                continue
             if max_step - 1 >= self.env.steps:
                 self._sync_step("final")
                 self._finished = True
@@ -416,6 +419,37 @@ class FTHSDP:
             )
             self._timer.begin()
             return self._plan
+
+    def _behind_the_run(self) -> bool:
+        """A quorum of fresh replicas (data step 0) while the run's ledger already holds later
+        commits: the replicas with the run's state are alive but were missed (a slow heartbeat,
+        a long heal) and will be back. Training now would restart the data stream from sample 0
+        beside them, so a fresh group waits for them, up to the join timeout; past it the state
+        is taken as lost and the run starts over (the ledger then shows the repeat)."""
+        if time.time() - self._t0 > self.env.timeouts.join_s:
+            return False
+        for path in (self.env.run_dir / "ledger").glob("r*.jsonl"):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(max(0, f.seek(0, 2) - 4096))
+                    tail = f.read().decode(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in reversed(tail):
+                try:
+                    if int(json.loads(line)["step"]) > 0:
+                        return True
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return False
+
+    def _refuse_fresh_start(self) -> None:
+        """Vote no on this step (every fresh peer does the same) and ask for a quorum again."""
+        self._event("wait", reason="fresh quorum behind the run", step=self.manager.current_step())
+        self.manager.report_error(RuntimeError("fresh quorum behind the run; waiting for state"))
+        self.manager.allreduce(torch.zeros(1, device=self.device)).wait()
+        self.manager.should_commit()
+        time.sleep(0.5)
 
     def report_error(self, exc: Exception) -> None:
         """Mark this rank's step as bad (e.g. a non-finite loss): the replica votes "no"."""
