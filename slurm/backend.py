@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import hostlist
+
 DRAIN_PREFIX = "fthsdp:"
 #: sinfo shows 20 characters of a reason by default; scontrol shows it all.
 REASON_MAX = 120
@@ -61,6 +63,8 @@ class JobInfo:
     eligible_time: int = 0
     partition: str = ""
     comment: str = ""
+    #: Nodes the job may not run on (squeue's `excluded_nodes`, a hostlist).
+    excluded: str = ""
 
     @property
     def base_id(self) -> str:
@@ -94,7 +98,7 @@ class SlurmBackend(Protocol):
 
     def submit(self, script: Path, args: Sequence[str] = ()) -> str: ...
     def requeue(self, job_id: str) -> None: ...
-    def release(self, job_id: str) -> None: ...
+    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None: ...
     def cancel(self, job_ids: Iterable[str]) -> None: ...
     def drain(self, node: str, reason: str) -> bool: ...
     def resume(self, node: str) -> bool: ...
@@ -178,8 +182,10 @@ class CommandBackend:
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
 
-    def release(self, job_id: str, settle: float = 30.0) -> None:
-        """Make a requeued job eligible now (DESIGN.md fact 2: otherwise held back ~120 s).
+    def release(self, job_id: str, exclude: Sequence[str] = (), settle: float = 30.0) -> None:
+        """Make a requeued job eligible now (DESIGN.md fact 2: otherwise held back ~120 s),
+        keeping it off the nodes in `exclude` for the rest of its life (`ExcNodeList`, added to
+        what it already excludes): the way to move a replica off a node without draining it.
 
         Right after `scontrol requeue` the job is still COMPLETING, and Slurm sets the
         held-back begin time only when it has completed: an update sent earlier is overwritten
@@ -194,6 +200,8 @@ class CommandBackend:
         deadline = time.monotonic() + settle
         while not self._settled(job_id) and time.monotonic() < deadline:
             time.sleep(0.2)
+        if exclude:
+            self._exclude(job_id, exclude)
         while True:
             self._run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{RELEASE_DELAY_S}"])
             ahead = [
@@ -208,6 +216,22 @@ class CommandBackend:
         # A job requeued after a prolog failure may also be held; release is a no-op otherwise.
         with contextlib.suppress(SlurmCommandError):
             self._run(["scontrol", "release", job_id], retry=False)
+
+    def _exclude(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Add `nodes` to a pending job's ExcNodeList (Slurm accepts it only while pending)."""
+        current: set[str] = set()
+        for job in self.jobs([job_id]):
+            if job.job_id == job_id and job.excluded:
+                current.update(hostlist.expand_hostlist(job.excluded))
+        wanted = sorted(current | set(nodes))
+        self._run(
+            [
+                "scontrol",
+                "update",
+                f"JobId={job_id}",
+                f"ExcNodeList={hostlist.collect_hostlist(wanted)}",
+            ]
+        )
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = list(job_ids)
@@ -322,6 +346,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
                 eligible_time=int(_scalar(j.get("eligible_time")) or 0),
                 partition=str(j.get("partition", "") or ""),
                 comment=str(j.get("comment", "") or ""),
+                excluded=str(j.get("excluded_nodes", "") or ""),
             )
         )
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from slurm.backend import RELEASE_DELAY_S, CommandBackend, SlurmCommandError
@@ -44,15 +44,17 @@ class PyslurmBackend(CommandBackend):
         p = _pyslurm()
         self._rpc(["requeue", job_id], p.Job(int(job_id)).requeue)
 
-    def release(self, job_id: str, settle: float = 30.0) -> None:
+    def release(self, job_id: str, exclude: Sequence[str] = (), settle: float = 30.0) -> None:
         """Make a requeued job eligible now (begin time = now), and release a hold if any.
 
         Waits, like `CommandBackend.release`, until the job is back to PENDING: an earlier
-        update is overwritten when the requeue completes.
+        update is overwritten when the requeue completes. Exclusions go through scontrol.
         """
         deadline = time.monotonic() + settle
         while not self._settled(job_id) and time.monotonic() < deadline:
             time.sleep(0.2)
+        if exclude:
+            self._exclude(job_id, exclude)
         p = _pyslurm()
         job = p.Job(int(job_id))
         self._rpc(

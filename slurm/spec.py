@@ -144,6 +144,9 @@ def _port(where: str, value: int) -> None:
 # sections
 
 
+STRAGGLER_MODES = ("drain", "exclude", "report")
+
+
 @dataclass(frozen=True)
 class JobSection:
     """`[job]`: what the whole run shares (name, run_dir, accounting, environment, setup)."""
@@ -362,6 +365,9 @@ class TrainSection:
     straggler_window_steps: int = 50
     straggler_window_s: float = 300
     straggler_requeue_cost_s: float = 120
+    #: What an eviction does with the slow node: drain it (`fthsdp: straggler: ...`), only keep
+    #: this replica's job off it (exclude), or nothing but a report (report).
+    straggler_mode: str = "drain"
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -376,6 +382,10 @@ class TrainSection:
         _positive("train.straggler_window_steps", self.straggler_window_steps)
         if not self.straggler_window_s > 0:
             raise InputError("train.straggler_window_s", self.straggler_window_s, "must be > 0")
+        if self.straggler_mode not in STRAGGLER_MODES:
+            raise InputError(
+                "train.straggler_mode", self.straggler_mode, f"one of {', '.join(STRAGGLER_MODES)}"
+            )
         cost = self.straggler_requeue_cost_s
         if not 0 <= cost < float("inf"):
             raise InputError("train.straggler_requeue_cost_s", cost, "must be >= 0 seconds")

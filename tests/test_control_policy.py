@@ -20,6 +20,7 @@ from runtime.control.policy import (
     ReportReceived,
     Requeue,
     RunState,
+    StragglerEviction,
     Tick,
     action_from_dict,
     action_to_dict,
@@ -339,3 +340,34 @@ def test_health_check_reason_is_kept_as_the_drain_reason() -> None:
     ev.report.last_error = "fthsdp: xid: Xid 79 0000:db:00"
     _, per = run([*WARM, ev])
     assert Drain("node2", "fthsdp: xid: Xid 79 0000:db:00", 1) in per[-1]
+
+
+@pytest.mark.parametrize(
+    ("eviction", "expected"),
+    [
+        # mode "drain": the node is drained with the straggler reason, the job requeued
+        (
+            StragglerEviction(1, 5.0, "node2", "node2 2.0x"),
+            [
+                Drain("node2", "fthsdp: straggler: node2 2.0x", 1),
+                Requeue(1, "101", 0),
+                Release(1, "101", 0.0),
+            ],
+        ),
+        # mode "exclude": no drain; the requeued job is kept off the node for this run only
+        (
+            StragglerEviction(1, 5.0, None, "node2 2.0x", exclude="node2"),
+            [Requeue(1, "101", 0), Release(1, "101", 0.0, ("node2",))],
+        ),
+    ],
+)
+def test_straggler_eviction_drains_or_only_excludes(
+    eviction: StragglerEviction, expected: list[object]
+) -> None:
+    state, per = run([*WARM, eviction])
+    assert slurm_actions(per) == expected
+    assert state.replicas[1].phase == "requeued"
+    # the journal round-trips the exclusion
+    acts = [a for acts in per for a in acts]
+    assert [action_from_dict(action_to_dict(a)) for a in acts] == acts  # type: ignore[arg-type]
+    assert event_from_dict(event_to_dict(eviction)) == eviction

@@ -44,8 +44,10 @@ def test_spec_keys_reach_the_settings(tmp_path: Path) -> None:
         straggler_window_steps=20,
         straggler_window_s=30,
         straggler_requeue_cost_s=15,
+        straggler_mode="exclude",
     )
     settings = load_run_settings(run_dir)
+    assert settings.straggler_mode == "exclude"
     s = settings.straggler
     assert (s.factor, s.window_steps, s.window_s) == (1.2, 20, 30.0)
     assert s.clear_factor == 1.2  # the clear level never exceeds a low factor
@@ -61,9 +63,10 @@ def test_spec_keys_reach_the_settings(tmp_path: Path) -> None:
         ("straggler_window_s", 0),
         ("straggler_requeue_cost_s", -1),
         ("straggler_requeue_cost_s", float("inf")),
+        ("straggler_mode", "evict"),
     ],
 )
-def test_bad_straggler_keys_name_the_field(key: str, value: float) -> None:
+def test_bad_straggler_keys_name_the_field(key: str, value: float | str) -> None:
     data = json.loads(json.dumps(SPEC))
     data["train"][key] = value
     with pytest.raises(InputError) as info:

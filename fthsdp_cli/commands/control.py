@@ -45,6 +45,13 @@ _run_dir = click.option(
     default=None,
     help="Requeue cost assumed until the run measured one. Default: the spec's (120).",
 )
+@click.option(
+    "--straggler-mode",
+    type=click.Choice(["drain", "exclude", "report"]),
+    default=None,
+    help="Evict by draining the slow node, by keeping the job off it, or only report. "
+    "Default: the spec's (drain).",
+)
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
 def control(
@@ -60,6 +67,7 @@ def control(
     straggler_window_steps: int | None,
     straggler_window_s: float | None,
     straggler_requeue_cost_s: float | None,
+    straggler_mode: str | None,
     no_lighthouse: bool,
     no_poll: bool,
 ) -> None:
@@ -105,6 +113,7 @@ def control(
         total_steps=settings.total_steps,
         straggler=straggler,
         straggler_requeue_cost_s=straggler_requeue_cost_s,
+        straggler_mode=straggler_mode or settings.straggler_mode,  # type: ignore[arg-type]
     )
     lighthouse = None
     if not no_lighthouse:

@@ -71,7 +71,12 @@ from runtime.control.report import (
     read_secret,
     verify,
 )
-from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.control.straggler import (
+    EvictionConfig,
+    EvictionMode,
+    StragglerConfig,
+    StragglerService,
+)
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 
@@ -102,6 +107,7 @@ class CoordinatorConfig:
     #: (spec `train.straggler_*`).
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
+    straggler_mode: EvictionMode = "drain"
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class RunSettings:
     total_steps: int | None = None
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
+    straggler_mode: EvictionMode = "drain"
 
 
 def straggler_config(
@@ -177,6 +184,8 @@ def load_run_settings(run_dir: Path) -> RunSettings:
         )
         if train.get("straggler_requeue_cost_s") is not None:
             lighthouse["straggler_requeue_cost_s"] = float(train["straggler_requeue_cost_s"])
+        if train.get("straggler_mode") in ("drain", "exclude", "report"):
+            lighthouse["straggler_mode"] = train["straggler_mode"]
     run_file = run_dir / RUN_FILE
     if run_file.exists():
         raw = json.loads(run_file.read_text())
@@ -244,6 +253,7 @@ class Coordinator:
             evict=EvictionConfig(
                 min_replicas=config.policy.min_replicas,
                 requeue_cost_estimate_s=config.straggler_requeue_cost_s,
+                mode=config.straggler_mode,
             ),
             past_evictions=past,
         )
@@ -374,8 +384,9 @@ class Coordinator:
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
             # The backend waits for the requeued job to settle back to PENDING first.
-            b.release(action.job_id)
-            return ("done", "eligible now")
+            b.release(action.job_id, exclude=action.exclude)
+            excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
+            return ("done", f"eligible now{excluded}")
         if isinstance(action, Cancel):
             b.cancel([action.job_id])
             return ("done", "cancelled")

@@ -176,6 +176,8 @@ class StragglerEviction:
     at: float
     node: str | None
     detail: str
+    #: Keep the job off this node without draining it (eviction mode "exclude").
+    exclude: str | None = None
 
 
 Event = (
@@ -206,6 +208,8 @@ class Release:
     replica: int
     job_id: str
     delay_s: float = 0.0
+    #: Nodes the job must not come back on (a straggler's node in "exclude" mode).
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,7 @@ def _requeue(
     delay: float,
     at: float,
     actions: list[Action],
+    exclude: tuple[str, ...] = (),
 ) -> None:
     if node:
         _drain(state, r, node, check, detail, actions)
@@ -458,7 +463,7 @@ def _requeue(
         actions.append(Note(r.replica, "node fault but the job id is unknown: cannot requeue"))
     else:
         actions.append(Requeue(r.replica, r.job_id, r.restarts))
-        actions.append(Release(r.replica, r.job_id, delay))
+        actions.append(Release(r.replica, r.job_id, delay, exclude))
     _set_phase(r, "requeued", at)
 
 
@@ -545,7 +550,8 @@ def _on_straggler(state: RunState, ev: StragglerEviction, actions: list[Action])
         actions.append(Note(ev.replica, f"straggler eviction skipped ({where})"))
         return
     r.last_failure = f"straggler: {ev.detail}"
-    _requeue(state, r, ev.node, "straggler", ev.detail, 0.0, ev.at, actions)
+    avoid = (ev.exclude,) if ev.exclude else ()
+    _requeue(state, r, ev.node, "straggler", ev.detail, 0.0, ev.at, actions, avoid)
 
 
 def directive_for(
@@ -612,5 +618,7 @@ def action_from_dict(data: dict[str, Any]) -> Action:
     cls = _ACTION_TYPES[data.pop("type")]
     if cls is Directive:
         data["epoch"] = tuple(data["epoch"])
+    if cls is Release:
+        data["exclude"] = tuple(data.get("exclude", ()))
     action: Action = cls(**data)
     return action

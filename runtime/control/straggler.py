@@ -640,7 +640,8 @@ class StragglerService:
             if d.action == "evict":
                 detail = d.reason.split("straggler: ", 1)[-1]
                 node = d.node if d.drain else None
-                events.append(StragglerEviction(d.replica, at, node, detail))
+                exclude = d.node if not d.drain else None
+                events.append(StragglerEviction(d.replica, at, node, detail, exclude))
         return events
 
     def on_actions(self, actions: Iterable[Any], now: float) -> None:
