@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until, write_spec
+from control_harness import (
+    ROOT,
+    clean_up,
+    fthsdp,
+    health_gated,
+    submit_until_training,
+    wait_until,
+    write_spec,
+)
 
 from runtime.control.journal import Journal
 from runtime.control.policy import Cancel, Drain, Release, Requeue
@@ -107,15 +115,7 @@ def _ride_through(gated: DevClusterConfig, tmp_path: Path) -> None:
     backend = CommandBackend()
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     try:
-        fthsdp(env, "submit", str(spec))
-        before = wait_until(
-            env,
-            run_dir,
-            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
-            120,
-            "all replicas training",
-            trace,
-        )
+        before = submit_until_training(env, spec, run_dir, trace)
         jobs = {k: r["job_id"] for k, r in before.items()}
         record = read_run(run_dir)
         assert record.control is not None
