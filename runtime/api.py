@@ -74,6 +74,17 @@ class FatalWorkerError(RuntimeError):
         self.evidence = list(evidence)
 
 
+def lighthouse_reachable(address: str) -> bool:
+    parsed = urlparse(address)
+    if not parsed.hostname or not parsed.port:
+        return False
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_lighthouse(env: WorkerEnv, deadline_s: float) -> str:
     """Return the lighthouse URL once it accepts TCP connections; re-reads the control file.
 
@@ -177,6 +188,9 @@ class FTHSDP:
             }
         )
         lighthouse = wait_for_lighthouse(env, env.timeouts.join_s)
+        self._lighthouse = lighthouse
+        found = env.endpoints()
+        self._control_started_at = found.started_at if found else None
         dist.init_process_group(
             self.backend,
             rank=env.rank,
@@ -358,16 +372,48 @@ class FTHSDP:
 
     def _quorum(self) -> None:
         timeout = self.env.timeouts.join_s if self._first_quorum else self.env.timeouts.quorum_s
-        self.manager.start_quorum(timeout=timedelta(seconds=timeout))
-        try:
-            self.manager.wait_quorum()
-        except Exception as exc:
-            raise FatalWorkerError(
-                f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)]
-            ) from exc
+        give_up = time.monotonic() + self.env.timeouts.join_s
+        while True:
+            self.manager.start_quorum(timeout=timedelta(seconds=timeout))
+            try:
+                self.manager.wait_quorum()
+                break
+            except Exception as exc:
+                self._wait_out_control_restart(exc, give_up)
+            # torchft's start_quorum re-raises the failed quorum's error; this one is handled.
+            self.manager._quorum_future = None
         if self._first_quorum:
             self._first_quorum = False
             self._event("joined", step=self.manager.current_step())
+
+    def _wait_out_control_restart(self, exc: Exception, give_up: float) -> None:
+        """After a failed quorum: return (to retry it) if the control job was restarted and its
+        Lighthouse is back at the same address; raise the process fault otherwise.
+
+        torchft's Manager keeps the Lighthouse address it was built with and reconnects to it;
+        it cannot follow a Lighthouse that moved, so then this rank exits with a process fault
+        and its supervisor relaunches the step in place with the new address.
+        """
+        failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
+        found = self.env.endpoints()
+        restarted = found is not None and found.started_at != self._control_started_at
+        if not restarted and found is not None and lighthouse_reachable(found.lighthouse):
+            raise failed from exc  # the quorum service is up and unchanged: a real failure
+        remaining = give_up - time.monotonic()
+        try:
+            lighthouse = wait_for_lighthouse(self.env, max(0.0, remaining))
+        except FatalWorkerError:
+            raise failed from exc
+        if lighthouse != self._lighthouse:
+            raise FatalWorkerError(
+                f"the quorum service moved from {self._lighthouse} to {lighthouse} (control job "
+                "restarted elsewhere); exiting to be relaunched with the new address",
+                ExitCode.PROCESS_FAULT,
+            ) from exc
+        found = self.env.endpoints()
+        self._control_started_at = found.started_at if found else None
+        log.warning("quorum failed while the control plane restarted; retrying: %s", exc)
+        self._event("quorum-retry", step=self.manager.current_step(), error=str(exc)[:300])
 
     def _sync_step(self, reason: str) -> bool:
         """A data-free step: apply a pending heal, vote, step nothing. True if committed.

@@ -77,6 +77,8 @@ class Timeouts:
 class ControlEndpoints:
     lighthouse: str
     coordinator: str | None = None
+    #: When the control plane that wrote the file started (a new value = it was restarted).
+    started_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,12 @@ def read_control(path: Path) -> ControlEndpoints | None:
     if not isinstance(lighthouse, str) or not lighthouse:
         return None
     coordinator = data.get("coordinator")
-    return ControlEndpoints(lighthouse, coordinator if isinstance(coordinator, str) else None)
+    started = data.get("started_at")
+    return ControlEndpoints(
+        lighthouse,
+        coordinator if isinstance(coordinator, str) else None,
+        float(started) if isinstance(started, (int, float)) else None,
+    )
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:

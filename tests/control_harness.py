@@ -332,3 +332,25 @@ def wait_until(
             return reps
         time.sleep(2)
     raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")
+
+
+def submit_until_training(
+    env: dict[str, str],
+    spec: Path,
+    run_dir: Path,
+    trace: list[tuple[float, dict[int, dict[str, Any]]]],
+    min_step: int = 20,
+) -> dict[int, dict[str, Any]]:
+    """`fthsdp submit` the spec, then wait (up to 120 s) until every replica trains at
+    `min_step` or later; returns that status."""
+    fthsdp(env, "submit", str(spec))
+    return wait_until(
+        env,
+        run_dir,
+        lambda r: all(
+            x["state"] == "training" and (x["step"] or 0) >= min_step for x in r.values()
+        ),
+        120,
+        "all replicas training",
+        trace,
+    )

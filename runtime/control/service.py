@@ -7,14 +7,18 @@ in this process's event loop. Both addresses go to `run_dir/control.json`, writt
 which replicas read (and re-read after a control-plane restart).
 
 When the control job is requeued, the new incarnation finds the journal in the run directory,
-rebuilds its state from it and carries on; replicas keep training meanwhile (their quorum waits
-at most the quorum timeout for the Lighthouse to come back).
+rebuilds its state from it and carries on. It listens on the ports the previous incarnation wrote
+to `control.json` when it is on the same address and they are free (`previous_ports`): torchft's
+Manager keeps the Lighthouse address it was built with and reconnects to it, so stable addresses
+let the replicas ride through; a quorum that fails meanwhile is retried by the worker once the
+Lighthouse is back (see docs/control-plane.md, "When the control job is requeued").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -23,8 +27,10 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 from runtime.control.coordinator import (
     CoordinatorConfig,
@@ -63,6 +69,45 @@ def free_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True if `host:port` can be bound now (with SO_REUSEADDR, as the servers bind it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def previous_ports(
+    previous: dict[str, object], host: str, free: Callable[[str, int], bool] = port_is_free
+) -> tuple[int, int]:
+    """(lighthouse port, coordinator port) of an earlier incarnation of this control plane
+    (`control.json` as it wrote it) that can be reused on `host`: 0 for a port that was on
+    another address, is taken, or is unknown."""
+    ports = []
+    for key in ("lighthouse", "coordinator"):
+        value = previous.get(key)
+        found = urlparse(value) if isinstance(value, str) else None
+        try:
+            port = found.port if found is not None else None
+        except ValueError:
+            port = None
+        same_host = found is not None and found.hostname == host
+        ports.append(port if port and same_host and free(host, port) else 0)
+    return ports[0], ports[1]
+
+
+def read_previous(run_dir: Path) -> dict[str, object]:
+    try:
+        data = json.loads((run_dir / "control.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def url(host: str, port: int) -> str:
@@ -156,6 +201,18 @@ async def serve(
     house: Lighthouse | None = None
     running: RunningCoordinator | None = None
     watcher: asyncio.Task[None] | None = None
+    lighthouse_port, coordinator_port = previous_ports(
+        read_previous(coordinator.run_dir), coordinator.host
+    )
+    if lighthouse is not None and lighthouse.port == 0 and lighthouse_port:
+        lighthouse = replace(lighthouse, port=lighthouse_port)
+    if coordinator.port == 0 and coordinator_port:
+        coordinator = replace(coordinator, port=coordinator_port)
+    if lighthouse_port or coordinator_port:
+        log.info(
+            "reusing the previous incarnation's ports where free: %s",
+            (lighthouse_port, coordinator_port),
+        )
     try:
         if lighthouse is not None:
             logs = coordinator.run_dir / "logs"

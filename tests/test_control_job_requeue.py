@@ -1,0 +1,189 @@
+"""End to end on the dev cluster: the control job itself is requeued and the replicas ride through.
+
+3 replicas (one node each, `examples/train_tiny.py`) + the control job on the health-gated
+session cluster. Once every replica trains, the control job is requeued the way Slurm or an
+operator would (`scontrol requeue` + release, through `slurm.backend`). Its Lighthouse and
+coordinator die with it; the new incarnation replays the journal, reuses its previous ports when
+they are free (so on the same node the addresses do not change) and rewrites `control.json`.
+
+What is asserted:
+
+- the control job restarts (Slurm restart count 1) and `control.json` is rewritten by the new
+  incarnation (new pid / start time, same job id);
+- no replica job is requeued: same job ids, Slurm restart count 0, and the journal holds no Slurm
+  action (drain, requeue, release, cancel) at all: the coordinator treated the time it was away
+  as grace, not as the replicas' silence;
+- the replicas' committed steps keep rising after the control plane is back. A replica may be
+  relaunched in place at most once (its worker exits with a process fault when the quorum fails
+  for longer than the retries cover, or when the Lighthouse came back at another address, which
+  torchft's Manager cannot follow); the best case, and what this machine shows when the ports are
+  reused, is no relaunch at all; the relaunch count is printed;
+- the coordinator rebuilt its state from the journal: `fthsdp status --json` shows every replica
+  with its step from the new coordinator, and `fthsdp events` shows two coordinator starts with
+  the replicas' reports continuing after the second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_harness import (
+    ROOT,
+    clean_up,
+    fthsdp,
+    health_gated,
+    submit_until_training,
+    wait_until,
+    write_spec,
+)
+
+from runtime.control.journal import Journal
+from runtime.control.policy import Cancel, Drain, Release, Requeue
+from runtime.control.service import previous_ports
+from runtime.env import read_control
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+from slurm.run_dir import read_run
+
+STEPS = 2000
+
+
+@pytest.mark.parametrize(
+    ("previous", "taken", "expected"),
+    [
+        ({}, set(), (0, 0)),
+        ({"lighthouse": "http://10.0.0.5:29510", "coordinator": "http://10.0.0.5:29511"}, set(),
+         (29510, 29511)),
+        ({"lighthouse": "http://10.0.0.5:29510", "coordinator": "http://10.0.0.5:29511"}, {29511},
+         (29510, 0)),
+        ({"lighthouse": "http://10.0.0.9:29510", "coordinator": "http://10.0.0.5:29511"}, set(),
+         (0, 29511)),
+        ({"lighthouse": None, "coordinator": "http://10.0.0.5:99999"}, set(), (0, 0)),
+        ({"lighthouse": "not a url", "coordinator": 7}, set(), (0, 0)),
+    ],
+)  # fmt: skip
+def test_previous_ports_are_reused_on_the_same_address_when_free(
+    previous: dict[str, object], taken: set[int], expected: tuple[int, int]
+) -> None:
+    assert previous_ports(previous, "10.0.0.5", lambda _h, port: port not in taken) == expected
+
+
+def test_control_file_names_the_incarnation(tmp_path: Path) -> None:
+    path = tmp_path / "control.json"
+    path.write_text(json.dumps({"lighthouse": "http://h:1", "started_at": 12.5}))
+    found = read_control(path)
+    assert found is not None and found.started_at == 12.5 and found.coordinator is None
+
+
+def slurm_actions(run_dir: Path) -> list[tuple[str, str]]:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        return [
+            (type(s.action).__name__, s.status)
+            for s in journal.actions()
+            if isinstance(s.action, (Drain, Requeue, Release, Cancel))
+        ]
+    finally:
+        journal.close()
+
+
+def control_info(run_dir: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((run_dir / "control.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_replicas_ride_through_a_control_job_requeue(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    with health_gated(slurm_cluster) as gated:
+        _ride_through(gated, tmp_path)
+
+
+def _ride_through(gated: DevClusterConfig, tmp_path: Path) -> None:
+    spec, run_dir = write_spec(tmp_path, STEPS, name="ctlrq")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    backend = CommandBackend()
+    trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
+    try:
+        before = submit_until_training(env, spec, run_dir, trace)
+        jobs = {k: r["job_id"] for k, r in before.items()}
+        record = read_run(run_dir)
+        assert record.control is not None
+        control_job = record.control.job_id
+        first = control_info(run_dir)
+        assert first.get("job_id") == control_job, first
+
+        backend.requeue(control_job)
+        backend.release(control_job)
+        t_requeue = time.time()
+
+        # The control job comes back and rewrites control.json with its new addresses.
+        deadline = time.monotonic() + 120
+        second: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            second = control_info(run_dir)
+            if (
+                second.get("pid") not in (None, first["pid"])
+                and second.get("started_at", 0) > (first["started_at"])
+            ):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"control.json was not rewritten: {second}")
+        t_back = time.time()
+        (ctl,) = backend.jobs([control_job])
+        assert ctl.restarts == 1 and ctl.state == "RUNNING", ctl
+        assert second["job_id"] == control_job
+        print(
+            f"control plane back after {t_back - t_requeue:.1f}s: "
+            f"{first['lighthouse']} -> {second['lighthouse']}, "
+            f"{first['coordinator']} -> {second['coordinator']}"
+        )
+
+        # Training goes on: every replica commits 30 more steps than when the plane came back.
+        at_back = {k: r["step"] or 0 for k, r in trace[-1][1].items()}
+        after = wait_until(
+            env,
+            run_dir,
+            lambda r: all(
+                x["state"] == "training" and (x["step"] or 0) >= at_back[k] + 30
+                for k, x in r.items()
+            ),
+            120,
+            "replicas training past the control-plane restart",
+            trace,
+        )
+        print("relaunches:", {k: r["relaunches"] for k, r in after.items()})
+        for k in range(3):
+            assert after[k]["job_id"] == jobs[k]
+            assert after[k]["restarts"] == 0
+            assert after[k]["relaunches"] <= 1, after[k]
+        # Steps never went back, as the (old, then new) coordinator saw them.
+        for k in range(3):
+            steps = [reps[k]["step"] or 0 for t, reps in trace if t >= t_requeue]
+            seen = [s for s in steps if s]
+            assert seen == sorted(seen), steps
+
+        # The new coordinator replayed the journal and carried on; no Slurm action on a replica.
+        assert slurm_actions(run_dir) == []
+        for job in backend.jobs(jobs.values()):
+            assert job.restarts == 0, job
+        events = [
+            json.loads(line) for line in fthsdp(env, "events", str(run_dir), "--json").splitlines()
+        ]
+        starts = [e["at"] for e in events if e["kind"] == "CoordinatorStarted"]
+        assert len(starts) == 2, starts
+        later = [e for e in events if e["kind"] == "ReportReceived" and e["at"] > starts[1]]
+        assert {e["replica"] for e in later} == {0, 1, 2}, later[-5:]
+    finally:
+        clean_up(env, run_dir, gated, None)
