@@ -223,6 +223,9 @@ python = "{python}"
 [train]
 command = "{python} examples/train_tiny.py"
 steps = {steps}
+# Every dev node shares this machine's 2 cores: scheduling noise can make one replica look 1.5x
+# slower for a window. Runs about node faults only report stragglers; the straggler test evicts.
+straggler_mode = "{straggler_mode}"
 min_replicas = 2
 heartbeat_timeout_s = 2
 allreduce_timeout_s = 5
@@ -234,12 +237,21 @@ checks = ["xid", "ecc"]
 """
 
 
-def write_spec(work: Path, steps: int, name: str = "e2e") -> tuple[Path, Path]:
+def write_spec(
+    work: Path, steps: int, name: str = "e2e", straggler_mode: str = "report"
+) -> tuple[Path, Path]:
     """The run's spec at work/spec.toml; returns (spec, run_dir). `--dependency=singleton` is
     per job name, so runs that may overlap in one session use different names."""
     run_dir = work / "run"
     spec = work / "spec.toml"
-    spec.write_text(SPEC.format(name=name, run_dir=run_dir, python=sys.executable, steps=steps))
+    text = SPEC.format(
+        name=name,
+        run_dir=run_dir,
+        python=sys.executable,
+        steps=steps,
+        straggler_mode=straggler_mode,
+    )
+    spec.write_text(text)
     return spec, run_dir
 
 
@@ -281,18 +293,21 @@ def cancel(env: dict[str, str], run_dir: Path) -> None:
 
 
 def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: str | None) -> None:
-    """Cancel the run; make `node` (the one a fault was injected into) healthy and resume it."""
+    """Cancel the run; make `node` (the one a fault was injected into) healthy again, and resume
+    every node the run drained (an unexpected drain must not starve the session's later tests)."""
     from runtime.control.inject import heal
+    from slurm.backend import CommandBackend, SlurmCommandError
 
     cancel(env, run_dir)
     if node:
         heal(devcluster.hardware_dir(cfg), node, cfg.gpus_per_node)
-        subprocess.run(
-            ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+    backend = CommandBackend()
+    try:
+        for info in backend.nodes():
+            if info.drained_by_us:
+                backend.resume(info.name)
+    except SlurmCommandError:
+        pass
 
 
 def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
