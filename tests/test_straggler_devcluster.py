@@ -5,7 +5,7 @@ job + one spare node) on the health-gated cluster, whose TaskProlog has every ra
 simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`) and a
 short straggler
 window (`train.straggler_window_steps`). `fthsdp cluster inject <replica 1's node> --fault slow=3`
-makes replica 1 compute at half speed: nothing fails, the others wait for it in every allreduce.
+makes replica 1 compute at a third of its speed: nothing fails, the others wait for it in every allreduce.
 The coordinator's straggler monitor must see it, and since the slowdown over the remaining steps
 costs more than a requeue, evict it: drain the node with `fthsdp: straggler: <node> <factor>x`
 and requeue replica 1's job, exactly once. The job restarts on the spare node and rejoins;
