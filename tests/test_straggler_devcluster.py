@@ -2,14 +2,14 @@
 
 The run of `test_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the control
 job + one spare node) on the health-gated cluster, whose TaskProlog has every rank read its node's
-simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`) and a
-short straggler
-window (`train.straggler_window_steps`). `fthsdp cluster inject <replica 1's node> --fault slow=3`
-makes replica 1 compute at a third of its speed: nothing fails, the others wait for it in every allreduce.
-The coordinator's straggler monitor must see it, and since the slowdown over the remaining steps
-costs more than a requeue, evict it: drain the node with `fthsdp: straggler: <node> <factor>x`
-and requeue replica 1's job, exactly once. The job restarts on the spare node and rejoins;
-replicas 0 and 2 keep their job ids, never restart, and their step rises throughout.
+simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`), with
+a short straggler window (`train.straggler_window_steps`) and `straggler_mode = "drain"`.
+`fthsdp cluster inject <replica 1's node> --fault slow=3` makes replica 1 compute at a third of
+its speed: nothing fails, the others wait for it in every allreduce. The coordinator's straggler
+monitor must see it, and since the slowdown over the remaining steps costs more than a requeue,
+evict it: drain the node with `fthsdp: straggler: <node> <factor>x` and requeue replica 1's job,
+exactly once. The job restarts on the spare node and rejoins; replicas 0 and 2 keep their job
+ids, never restart, and their step rises throughout.
 
 Timing is taken from the run itself (the machine is small and shared): the deadlines scale with
 the step time measured before the fault.
