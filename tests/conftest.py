@@ -23,7 +23,7 @@ def _require_slurm() -> None:
         msg = "dev cluster unavailable: " + "; ".join(problems)
         if os.environ.get("CI") or os.environ.get("FTHSDP_REQUIRE_SLURM"):
             pytest.fail(msg)
-        pytest.skip(msg)
+        pytest.skip(msg)  # not root, or Slurm is not installed
 
 
 @pytest.fixture(scope="session")
