@@ -34,7 +34,7 @@ def _spec_json(tmp_path: Path, **train: Any) -> Path:
 def test_defaults_are_the_issue_defaults(tmp_path: Path) -> None:
     settings = load_run_settings(_spec_json(tmp_path))
     assert settings.straggler == StragglerConfig()
-    assert settings.straggler_requeue_cost_s == EvictionConfig().requeue_cost_estimate_s
+    assert settings.eviction == EvictionConfig()
 
 
 def test_spec_keys_reach_the_settings(tmp_path: Path) -> None:
@@ -47,11 +47,11 @@ def test_spec_keys_reach_the_settings(tmp_path: Path) -> None:
         straggler_mode="exclude",
     )
     settings = load_run_settings(run_dir)
-    assert settings.straggler_mode == "exclude"
+    assert settings.eviction.mode == "exclude"
     s = settings.straggler
     assert (s.factor, s.window_steps, s.window_s) == (1.2, 20, 30.0)
     assert s.clear_factor == 1.2  # the clear level never exceeds a low factor
-    assert settings.straggler_requeue_cost_s == 15.0
+    assert settings.eviction.requeue_cost_estimate_s == 15.0
 
 
 @pytest.mark.parametrize(

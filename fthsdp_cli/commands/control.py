@@ -12,6 +12,7 @@ import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -75,6 +76,7 @@ def control(
     from runtime.control import coordinator as coord
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
+    from runtime.control.straggler import EvictionMode
     from slurm.errors import InputError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -98,10 +100,13 @@ def control(
         straggler.window_steps if straggler_window_steps is None else straggler_window_steps,
         straggler.window_s if straggler_window_s is None else straggler_window_s,
     )
-    if straggler_requeue_cost_s is None:
-        straggler_requeue_cost_s = settings.straggler_requeue_cost_s
-    if not 0 <= straggler_requeue_cost_s < float("inf"):
-        raise InputError("--straggler-requeue-cost-s", straggler_requeue_cost_s, ">= 0 seconds")
+    eviction = settings.eviction
+    if straggler_requeue_cost_s is not None:
+        if not 0 <= straggler_requeue_cost_s < float("inf"):
+            raise InputError("--straggler-requeue-cost-s", straggler_requeue_cost_s, ">= 0 seconds")
+        eviction = replace(eviction, requeue_cost_estimate_s=straggler_requeue_cost_s)
+    if straggler_mode is not None:
+        eviction = replace(eviction, mode=cast(EvictionMode, straggler_mode))
     host = bind or coord.node_address()
     config = coord.CoordinatorConfig(
         run_dir=run_dir,
@@ -112,8 +117,7 @@ def control(
         poll_jobs=not no_poll,
         total_steps=settings.total_steps,
         straggler=straggler,
-        straggler_requeue_cost_s=straggler_requeue_cost_s,
-        straggler_mode=straggler_mode or settings.straggler_mode,  # type: ignore[arg-type]
+        eviction=eviction,
     )
     lighthouse = None
     if not no_lighthouse:

@@ -71,12 +71,7 @@ from runtime.control.report import (
     read_secret,
     verify,
 )
-from runtime.control.straggler import (
-    EvictionConfig,
-    EvictionMode,
-    StragglerConfig,
-    StragglerService,
-)
+from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 
@@ -103,11 +98,10 @@ class CoordinatorConfig:
     action_backoff_max_s: float = 30.0
     #: The run's step budget (spec `train.steps`): the straggler decision's remaining time.
     total_steps: int | None = None
-    #: Straggler detection thresholds and the requeue cost assumed until one is measured
-    #: (spec `train.straggler_*`).
+    #: Straggler detection thresholds, and how an eviction is decided and done (spec
+    #: `train.straggler_*`; `min_replicas` is taken from `policy`).
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
-    straggler_mode: EvictionMode = "drain"
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 @dataclass(frozen=True)
@@ -118,8 +112,7 @@ class RunSettings:
     join_timeout_ms: int = 60000
     total_steps: int | None = None
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    straggler_requeue_cost_s: float = EvictionConfig.requeue_cost_estimate_s
-    straggler_mode: EvictionMode = "drain"
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 def straggler_config(
@@ -182,10 +175,15 @@ def load_run_settings(run_dir: Path) -> RunSettings:
             train.get("straggler_window_steps"),
             train.get("straggler_window_s"),
         )
+        eviction: dict[str, Any] = {}
         if train.get("straggler_requeue_cost_s") is not None:
-            lighthouse["straggler_requeue_cost_s"] = float(train["straggler_requeue_cost_s"])
+            eviction["requeue_cost_estimate_s"] = float(train["straggler_requeue_cost_s"])
         if train.get("straggler_mode") in ("drain", "exclude", "report"):
-            lighthouse["straggler_mode"] = train["straggler_mode"]
+            eviction["mode"] = train["straggler_mode"]
+        try:
+            lighthouse["eviction"] = EvictionConfig(**eviction)
+        except ValueError as exc:
+            raise InputError("train.straggler_requeue_cost_s", eviction, str(exc)) from None
     run_file = run_dir / RUN_FILE
     if run_file.exists():
         raw = json.loads(run_file.read_text())
@@ -250,11 +248,7 @@ class Coordinator:
             config.policy.min_replicas,
             config.total_steps,
             detect=config.straggler,
-            evict=EvictionConfig(
-                min_replicas=config.policy.min_replicas,
-                requeue_cost_estimate_s=config.straggler_requeue_cost_s,
-                mode=config.straggler_mode,
-            ),
+            evict=replace(config.eviction, min_replicas=config.policy.min_replicas),
             past_evictions=past,
         )
         from prometheus_client import CollectorRegistry
