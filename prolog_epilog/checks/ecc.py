@@ -6,10 +6,15 @@ pending remap or a remap failure need a GPU reset (or an RMA); retired pages at 
 mean the GPU cannot retire more. Correctable errors are normal in small numbers; their count
 and their rate between two runs (from the state store) are thresholds in the config. GPUs with
 ECC disabled or N/A are a warning or a failure by config, never a crash.
+
+Rows and pages are judged whether or not ECC counters were read (an excerpt, a driver that
+prints no mode, ECC turned off): a pending remap needs a reset either way. A GPU the source
+lists but reports nothing about is an error, not a pass: an unread answer is not a healthy one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -23,11 +28,21 @@ def judge(
     pages: list[RetiredPages],
     cfg: dict[str, Any],
     rates_per_h: dict[int, float] | None = None,
+    gpu_count: int | None = None,
 ) -> CheckResult:
     f = Findings("ecc")
+    if gpu_count is not None:
+        seen = {e.index for e in eccs} | {r.index for r in rows} | {p.index for p in pages}
+        for i in sorted(set(range(gpu_count)) - seen):
+            f.add(
+                "error",
+                f"GPU{i}: no ECC, row-remap or page-retirement data read",
+                f"GPU{i} no ECC data",
+            )
     for e in eccs:
         g = f"GPU{e.index}"
-        if e.enabled is not True:
+        counters = (e.volatile_uncorrectable, e.volatile_correctable, e.aggregate_uncorrectable)
+        if e.enabled is False or (e.enabled is None and all(c is None for c in counters)):
             state = "disabled" if e.enabled is False else "N/A"
             f.add(cfg["ecc_disabled"], f"{g} ECC {state}", f"{g} ECC {state}")
             continue
@@ -67,7 +82,7 @@ def judge(
             f.add("fail", f"{g} {total} retired pages (table limit {limit})", f"{g} pages {total}")
         elif p.pending:
             f.add("warn", f"{g} page retirement pending (reset needed)")
-    return f.result(f"{len(eccs)} GPUs clean")
+    return f.result(f"{max(len(eccs), len(rows), len(pages))} GPUs clean")
 
 
 def correctable_rates(
@@ -104,6 +119,9 @@ def run(ctx: CheckContext) -> CheckResult:
             },
         },
     )
-    if not eccs:
-        return CheckResult("ecc", "skip", "no GPU reports ECC")
-    return judge(eccs, rows, pages, ctx.config.section("ecc"), rates)
+    gpu_count = None
+    with contextlib.suppress(Exception):  # the gpu-count check reports a broken GPU list
+        gpu_count = len(ctx.source.gpus(ctx.remaining()))
+    if not (eccs or rows or pages) and not gpu_count:
+        return CheckResult("ecc", "skip", "no GPU reports ECC, remapped rows or retired pages")
+    return judge(eccs, rows, pages, ctx.config.section("ecc"), rates, gpu_count)

@@ -1,25 +1,33 @@
-"""xid: NVIDIA Xid events in the kernel log since the job started (or within a window).
+"""xid: NVIDIA Xid events and lost-GPU messages in the kernel log since the job started.
 
 Xids are the driver's own verdicts on GPU faults. Some mean the GPU is gone or unsafe until reset
 (79 fallen off the bus, 48 DBE, 74 NVLink, 94/95 contained/uncontained ECC, 119/120 GSP, 140+
 memory and GSP faults): one is enough to drain. Others (63/92/94 by default) are warnings unless
-they repeat. The PCI address in the line is mapped to the GPU index when the GPU list is
-available, so the drain reason says which GPU.
+they repeat. Xid 154 carries the driver's recovery action; anything but "None" (reset or reboot
+required, drain) fails whatever the lists say. A GPU can also vanish with no Xid at all ("GPU has
+fallen off the bus", "RmInitAdapter failed"): that fails too.
+
+Nothing is dropped for want of a time: an event whose timestamp could not be read counts as
+inside the window and the detail says so. The PCI address is mapped to the GPU index when the
+GPU list is available, so the drain reason says which GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from prolog_epilog.checks.base import CheckContext, CheckResult, Findings
-from prolog_epilog.kernel_log import boot_time, parse_xid_lines
+from prolog_epilog.kernel_log import GpuLostEvent, parse_kernel_log, read_boot_time
 from prolog_epilog.records import GpuInfo, XidEvent, normalize_bus
 from prolog_epilog.tools import ToolError, run_tool
+
+_RECOVERY = re.compile(r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \(([^)]*)\)")
 
 
 def attach_gpu_index(events: list[XidEvent], gpus: list[GpuInfo]) -> list[XidEvent]:
@@ -31,12 +39,32 @@ def attach_gpu_index(events: list[XidEvent], gpus: list[GpuInfo]) -> list[XidEve
     return out
 
 
-def judge(events: list[XidEvent], since: float | None, cfg: dict[str, Any]) -> CheckResult:
+def _in_window(t: float | None, since: float | None) -> bool:
+    return since is None or t is None or t >= since
+
+
+def _recovery_action(e: XidEvent) -> str | None:
+    """The action an Xid 154 asks for, unless it is "None"."""
+    m = _RECOVERY.search(e.message) if e.code == 154 else None
+    return m.group(1) if m and m.group(1).strip().lower() != "none" else None
+
+
+def judge(
+    events: list[XidEvent],
+    since: float | None,
+    cfg: dict[str, Any],
+    lost: list[GpuLostEvent] | None = None,
+) -> CheckResult:
     f = Findings("xid")
-    recent = [e for e in events if since is None or (e.time is not None and e.time >= since)]
+    recent = [e for e in events if _in_window(e.time, since)]
+    gone = [e for e in lost or [] if _in_window(e.time, since)]
     drain, warn = set(cfg["drain"]), set(cfg["warn"])
     counts = Counter((e.code, e.pci) for e in recent)
     reported: set[tuple[int, str]] = set()
+    for g in gone:
+        when = "" if g.time is not None else " (time unreadable)"
+        where = g.pci or "a GPU"
+        f.add("fail", f"GPU lost {where}{when}: {g.message[:100]}", f"GPU lost {where}")
     for e in recent:
         key = (e.code, e.pci)
         if key in reported:
@@ -45,9 +73,14 @@ def judge(events: list[XidEvent], since: float | None, cfg: dict[str, Any]) -> C
         where = f"GPU{e.gpu_index}" if e.gpu_index is not None else e.pci
         n = counts[key]
         times = f" x{n}" if n > 1 else ""
-        text = f"Xid {e.code} on {where}{times}: {e.message[:80]}"
+        unreadable = any(x.time is None for x in recent if (x.code, x.pci) == key)
+        when = " (time unreadable)" if unreadable else ""
+        text = f"Xid {e.code} on {where}{times}{when}: {e.message[:80]}"
+        action = _recovery_action(e)
         if e.code in drain:
             f.add("fail", text, f"Xid {e.code} {where}")
+        elif action is not None:
+            f.add("fail", text, f"Xid {e.code} {where} {action}")
         elif e.code in warn:
             repeat = int(cfg["warn_repeat_fail"])
             if repeat > 0 and n >= repeat:
@@ -56,12 +89,14 @@ def judge(events: list[XidEvent], since: float | None, cfg: dict[str, Any]) -> C
                 f.add("warn", text)
         else:
             f.add("warn", text)
-    return f.result(f"no Xid in window ({len(events)} older or none)" if events else "no Xid")
+    older = len(events) + len(lost or []) - len(recent) - len(gone)
+    return f.result(f"no Xid in window ({older} older)" if older else "no Xid")
 
 
 def read_kernel_log(source: str, timeout: float, max_bytes: int) -> str:
     if source == "dmesg":
-        return run_tool(["dmesg", "-T"], timeout).stdout
+        # Raw seconds since boot: every util-linux and busybox prints them, in any locale.
+        return run_tool(["dmesg"], timeout).stdout[-max_bytes:]
     path = Path(source)
     size = path.stat().st_size
     with path.open("rb") as f:
@@ -73,7 +108,7 @@ def read_kernel_log(source: str, timeout: float, max_bytes: int) -> str:
 def run(ctx: CheckContext) -> CheckResult:
     cfg = ctx.config.section("xid")
     now = time.time()
-    boot = boot_time()
+    boot = read_boot_time()
     since = ctx.since
     if since is None:
         since = now - float(cfg["window_s"])
@@ -87,9 +122,10 @@ def run(ctx: CheckContext) -> CheckResult:
         if "exited" in str(exc) and os.geteuid() != 0:
             return CheckResult("xid", "skip", f"kernel log not readable ({exc})")
         raise
-    events = parse_xid_lines(text, now=now, boot_time=boot)
-    if any(e.time is not None and e.time >= since for e in events):
+    found = parse_kernel_log(text, now=now, boot_time=boot)
+    events = found.xids
+    if any(_in_window(e.time, since) for e in events):
         # The GPU list is a nicety here; a dead nvidia-smi must not hide the Xid.
         with contextlib.suppress(Exception):
             events = attach_gpu_index(events, ctx.source.gpus(min(ctx.remaining(), 3.0)))
-    return judge(events, since, cfg)
+    return judge(events, since, cfg, found.lost)
