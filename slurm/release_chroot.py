@@ -225,9 +225,7 @@ def run_cwd(cwd: Path, binds: Sequence[Path], default: Path) -> Path:
 
 def host_version() -> str | None:
     """The host's own Slurm release ('22.05'), or None when it has no slurmd."""
-    slurmd = shutil.which("slurmd") or next(
-        (p for p in ("/usr/sbin/slurmd", "/sbin/slurmd") if Path(p).exists()), None
-    )
+    slurmd = _find_sbin("slurmd")
     if slurmd is None:
         return None
     r = subprocess.run([slurmd, "-V"], capture_output=True, text=True, timeout=30, check=False)
@@ -358,36 +356,28 @@ def ensure(version: str, log: bool = True) -> Path:
     return target
 
 
-def _debootstrap() -> str:
-    found = shutil.which("debootstrap") or (
-        "/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None
+def _find_sbin(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if Path(p).exists()), None
     )
+
+
+def _debootstrap() -> str:
+    """debootstrap's path, installed from the host's apt when missing (CI starts without it)."""
+    found = _find_sbin("debootstrap")
     if found:
         return found
-    r = subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "debootstrap"],
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if r.returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600, check=False)
-        r = subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "debootstrap"],
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    found = shutil.which("debootstrap") or (
-        "/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None
-    )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # A fresh machine may have no package lists yet.
+    steps = [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "debootstrap"]]
+    for argv in steps:
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EnvironmentProblem(f"{' '.join(argv)} failed: {tail[0]}")
+    found = _find_sbin("debootstrap")
     if not found:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise EnvironmentProblem(f"apt-get install debootstrap failed: {tail[0]}")
+        raise EnvironmentProblem("apt-get installed debootstrap but it is not on PATH")
     return found
 
 
