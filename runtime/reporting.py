@@ -1,7 +1,9 @@
 """The replica leader's reports to the coordinator, and how a fatal failure is classified.
 
-Group rank 0 of each replica posts signed `ReplicaReport`s to `{coordinator}/v1/reports` (the
-coordinator URL and the run secret come from the run directory). Training never waits on this:
+Group rank 0 of each replica posts `ReplicaReport`s to `{coordinator}/v1/reports`, signed with
+its replica's key (`runtime.control.report.sign`: method, path, timestamp, nonce and body; the
+coordinator URL and the run secret come from the run directory). A report must carry the
+replica's Slurm job id; the coordinator refuses it otherwise. Training never waits on this:
 reports go through a bounded queue to a background thread. A 200 is accepted; a 4xx is a
 rejection that is logged and dropped (resending the same body would be rejected again); a
 connection error keeps the report in a bounded buffer and re-reads the control file, since the
@@ -26,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.control.report import ExitCode, FailureClass, ReplicaReport, read_secret, sign
+from runtime.control.report import (
+    ExitCode,
+    FailureClass,
+    ReplicaReport,
+    read_secret,
+    replica_key_id,
+    sign,
+)
 from runtime.env import WorkerEnv
 
 log = logging.getLogger("fthsdp.reporting")
@@ -195,7 +204,9 @@ class ReportClient:
         if not base:
             return "unreachable"
         body = report.to_json()
-        headers = {"Content-Type": "application/json", **sign(self._secret, body)}
+        key_id = replica_key_id(self.replica)
+        signed = sign(self._secret, key_id, "POST", "/v1/reports", body)
+        headers = {"Content-Type": "application/json", **signed}
         req = urllib.request.Request(
             base.rstrip("/") + "/v1/reports", data=body, headers=headers, method="POST"
         )

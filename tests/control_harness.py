@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from runtime.control.report import ReplicaReport, sign
+from runtime.control.report import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
 
@@ -40,7 +40,9 @@ with open(state_path + ".lock", "w") as lock:
     state = json.load(open(state_path))
     with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
         log.write(" ".join([name, *args]) + "\n")
-    if name == "squeue":
+    if args == ["--version"]:
+        print("slurm 22.05.8")
+    elif name == "squeue":
         ids = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--jobs=")]
         want = set(ids[0]) if ids else set(state["jobs"])
         if "-o" in args:  # text form: one %T state per job
@@ -138,9 +140,8 @@ class ControlProcess:
 
 def post(url: str, secret: bytes, report: ReplicaReport) -> int:
     body = report.to_json()
-    req = urllib.request.Request(
-        url + "/v1/reports", data=body, method="POST", headers=sign(secret, body)
-    )
+    headers = sign(secret, replica_key_id(report.replica), "POST", "/v1/reports", body)
+    req = urllib.request.Request(url + "/v1/reports", data=body, method="POST", headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:
         return int(resp.status)
 

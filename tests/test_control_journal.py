@@ -102,7 +102,7 @@ def test_kill_9_loses_and_repeats_no_decision(run: tuple[Path, Path, ControlProc
     try:
         decided = [s.action for s in journal.actions() if isinstance(s.action, Requeue)]
         assert sorted(a.job_id for a in decided) == ["100", "101", "102"]
-        state, open_actions = journal.rebuild(PolicyConfig(replicas=3, min_replicas=2))
+        state, open_actions, _ = journal.rebuild(PolicyConfig(replicas=3, min_replicas=2))
         assert open_actions == []
         assert {k: r.requeues for k, r in state.replicas.items()} == {0: 1, 1: 1, 2: 1}
         assert state.replicas[1].slurm_requeues == 0
@@ -124,7 +124,7 @@ def test_rebuild_replays_to_the_same_state(tmp_path: Path) -> None:
         journal.record(ev, actions, nonce=f"n{ev.at}")
     with pytest.raises(KeyError):
         journal.record(Tick(101.0), [], nonce="n1.0")
-    rebuilt, open_actions = journal.rebuild(cfg, {0: "100", 1: "101"})
+    rebuilt, open_actions, _ = journal.rebuild(cfg, {0: "100", 1: "101"})
     assert rebuilt.to_dict() == state.to_dict()
     assert [type(s.action).__name__ for s in open_actions] == [
         "Drain",

@@ -1,5 +1,6 @@
-"""The coordinator refuses what is not an authentic, fresh, well-formed report of a known replica,
-journals the refusal, and changes nothing; its secret is private and it binds where told."""
+"""The coordinator refuses what is not an authentic, fresh, well-formed report of a known replica
+signed with that replica's own key, counts the refusal in memory (no journal row), and changes
+nothing; its secret is private and it binds where told."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ from runtime.control.coordinator import (
 )
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import (
+    CONTROL_KEY,
     MAX_REPORT_BYTES,
     NONCE_HEADER,
     SIGNATURE_HEADER,
     ReplicaReport,
     read_secret,
+    replica_key_id,
     sign,
 )
 from slurm.backend import JobInfo, NodeInfo
@@ -34,10 +37,12 @@ from slurm.errors import EnvironmentProblem
 
 
 class RecordingBackend:
-    """A `SlurmBackend` that records what it is asked to do."""
+    """A `SlurmBackend` that records what it is asked to do; jobs run on `allocations`
+    (job id -> Slurm hostlist; default `node1`, the dev cluster's single-node replica)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocations: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[str, ...]] = []
+        self.allocations = allocations or {}
 
     def submit(self, script: Path, args: Sequence[str] = ()) -> str:
         raise NotImplementedError
@@ -62,7 +67,12 @@ class RecordingBackend:
         requeued = {c[1] for c in self.calls if c[0] == "requeue"}
         return [
             JobInfo(
-                j, "x", "PENDING" if j in requeued else "RUNNING", "node1", int(j in requeued), ""
+                j,
+                "x",
+                "PENDING" if j in requeued else "RUNNING",
+                self.allocations.get(j, "node1"),
+                int(j in requeued),
+                "",
             )
             for j in job_ids
         ]
@@ -72,11 +82,16 @@ class RecordingBackend:
 
 
 def _report(replica: int = 1, seq: int = 1, **kw: Any) -> bytes:
-    return ReplicaReport(replica=replica, incarnation="i", seq=seq, job_id="101", **kw).to_json()
+    kw.setdefault("job_id", "101")
+    return ReplicaReport(replica=replica, incarnation="i", seq=seq, **kw).to_json()
+
+
+def _signed(secret: bytes, body: bytes, replica: int = 1, **kw: Any) -> dict[str, str]:
+    return sign(secret, replica_key_id(replica), "POST", "/v1/reports", body, **kw)
 
 
 async def _scenario(run_dir: Path) -> dict[str, Any]:
-    backend = RecordingBackend()
+    backend = RecordingBackend({"100": "node1", "101": "node2"})
     cfg = CoordinatorConfig(
         run_dir=run_dir,
         policy=PolicyConfig(replicas=2),
@@ -90,53 +105,61 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
     try:
         async with aiohttp.ClientSession() as http:
 
-            async def post(body: bytes, headers: dict[str, str]) -> int:
-                async with http.post(url, data=body, headers=headers) as resp:
+            async def post(body: bytes, headers: dict[str, str], path: str = url) -> int:
+                async with http.post(path, data=body, headers=headers) as resp:
                     await resp.read()
                     return resp.status
 
             async def state() -> Any:
-                async with http.get(running.url + "/v1/state") as resp:
+                headers = sign(secret, CONTROL_KEY, "GET", "/v1/state")
+                async with http.get(running.url + "/v1/state", headers=headers) as resp:
                     data = await resp.json()
                 data.pop("coordinator_started_at")
+                data.pop("refusals")
                 return data
 
             before = await state()
             fatal = _report(kind="fatal", failure="node", failed_node="node2")
-            good = sign(secret, fatal)
+            good = _signed(secret, fatal)
             forged = dict(good, **{SIGNATURE_HEADER: "0" * 64})
-            other_key = sign(b"not-the-secret", fatal)
-            stale = sign(secret, fatal, now=1_000_000.0)
+            other_key = sign(b"not-the-secret", replica_key_id(1), "POST", "/v1/reports", fatal)
+            stale = _signed(secret, fatal, now=1_000_000.0)
             big = b"{" + b" " * (MAX_REPORT_BYTES + 10) + b"}"
             unknown = _report(replica=7, kind="fatal", failure="node")
-            other_job = ReplicaReport(
-                replica=1, incarnation="old", seq=1, job_id="55", kind="fatal", failure="node"
-            ).to_json()
+            other_job = _report(job_id="55", kind="fatal", failure="node")
             cases = {
                 "unsigned": (fatal, {"Content-Type": "application/json"}),
                 "forged": (fatal, forged),
                 "wrong key": (fatal, other_key),
                 "stale": (fatal, stale),
                 "tampered body": (fatal.replace(b"node2", b"node3"), good),
-                "oversized": (big, sign(secret, big)),
-                "not json": (b"{not json", sign(secret, b"{not json")),
-                "json list": (b"[1]", sign(secret, b"[1]")),
+                "oversized": (big, _signed(secret, big)),
+                "not json": (b"{not json", None),
+                "json list": (b"[1]", None),
                 "unknown field": (b'{"replica":1,"seq":1,"incarnation":"i","x":1}', None),
                 "wrong type": (b'{"replica":"1","seq":1,"incarnation":"i"}', None),
-                "unknown replica": (unknown, sign(secret, unknown)),
-                "job of another run": (other_job, sign(secret, other_job)),
+                "unknown replica": (unknown, _signed(secret, unknown, replica=7)),
+                "job of another run": (other_job, None),
+                "another replica's key": (fatal, _signed(secret, fatal, replica=0)),
+                "control key": (fatal, sign(secret, CONTROL_KEY, "POST", "/v1/reports", fatal)),
+                "signed for another path": (
+                    fatal,
+                    sign(secret, replica_key_id(1), "POST", "/v1/requeue", fatal),
+                ),
             }
             statuses = {}
             for name, (body, headers) in cases.items():
-                statuses[name] = await post(body, headers or sign(secret, body))
+                statuses[name] = await post(body, headers or _signed(secret, body))
             results["statuses"] = statuses
             results["unchanged"] = (await state()) == before
             results["calls_after_refusals"] = list(backend.calls)
             results["accepted"] = await post(fatal, good)
             results["replayed"] = await post(fatal, good)
-            replay_new_sig = sign(secret, fatal)
+            replay_new_sig = _signed(secret, fatal)
             replay_new_sig[NONCE_HEADER] = good[NONCE_HEADER]
             results["replayed_nonce"] = await post(fatal, replay_new_sig)
+            # A signed report re-posted to the operator's endpoint is refused.
+            results["report_to_requeue"] = await post(fatal, good, running.url + "/v1/requeue")
             for _ in range(50):
                 if len(backend.calls) >= 3:
                     break
@@ -144,6 +167,9 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
             results["calls"] = list(backend.calls)
             async with http.get(running.url + "/v1/replicas/1/directive?job=101") as resp:
                 results["directive"] = await resp.json()
+            async with http.get(running.url + "/v1/state") as resp:
+                results["unsigned_state"] = resp.status
+        results["refusals"] = running.coordinator.refusals.snapshot()
         results["rejections"] = running.coordinator.journal.rejections()
     finally:
         await running.close()
@@ -151,30 +177,36 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-def test_refusals_change_nothing_and_are_journaled(tmp_path: Path) -> None:
+def test_refusals_change_nothing_and_are_not_journaled(tmp_path: Path) -> None:
     res = asyncio.run(_scenario(tmp_path))
     statuses = res["statuses"]
     assert all(400 <= s < 500 for s in statuses.values()), statuses
     assert statuses["unsigned"] == 401
     assert statuses["forged"] == statuses["wrong key"] == statuses["stale"] == 401
+    assert statuses["tampered body"] == statuses["signed for another path"] == 401
     assert statuses["oversized"] == 413
     assert statuses["unknown replica"] == 404
     assert statuses["job of another run"] == 409
+    assert statuses["another replica's key"] == statuses["control key"] == 403
     assert statuses["not json"] == statuses["unknown field"] == statuses["wrong type"] == 400
     assert res["unchanged"]
     assert res["calls_after_refusals"] == []
-    assert len(res["rejections"]) == len(statuses) + 2  # and the two replays below
+    # Refusals are counted in memory, never written to the journal.
+    assert res["rejections"] == []
+    assert sum(res["refusals"].values()) == len(statuses) + 4
     # The authentic report acts once; replaying it (as-is or with a fresh signature over the
     # same nonce) is refused.
     assert res["accepted"] == 200
     assert res["replayed"] == 409
     assert res["replayed_nonce"] == 401  # a reused nonce under a new MAC does not verify
+    assert res["report_to_requeue"] == 401
     assert res["calls"] == [
         ("drain", "node2", "fthsdp: fault: exit None"),
         ("requeue", "101"),
         ("release", "101"),
     ]
     assert res["directive"] == {"directive": "requeue", "delay_s": 0.0}
+    assert res["unsigned_state"] == 401
 
 
 def test_secret_is_private(tmp_path: Path) -> None:

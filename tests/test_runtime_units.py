@@ -15,7 +15,13 @@ import pytest
 
 from runtime import ledger
 from runtime.checkpoint import suggest, young_daly_interval_s
-from runtime.control.report import ExitCode, create_secret, verify
+from runtime.control.report import (
+    ExitCode,
+    create_secret,
+    derive_key,
+    replica_key_id,
+    verify,
+)
 from runtime.env import EnvError, Timeouts, parse_env, read_control, slurm_port
 from runtime.reporting import ReportClient, classify_failure, classify_text
 from runtime.watchdog import NodeWatchdog, verdict_of
@@ -205,7 +211,8 @@ class _Coordinator(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        verify(self.secret, body, dict(self.headers.items()))
+        key = derive_key(self.secret, replica_key_id(1))
+        verify(key, "POST", self.path, body, dict(self.headers.items()))
         type(self).received.append(json.loads(body))
         self.send_response(type(self).status)
         self.end_headers()

@@ -15,9 +15,11 @@ from test_control_security import RecordingBackend  # the fake Slurm that record
 
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.policy import PolicyConfig
-from runtime.control.report import ReplicaReport, read_secret, sign
+from runtime.control.report import CONTROL_KEY, ReplicaReport, read_secret, replica_key_id, sign
 
 JOBS = {0: "100", 1: "101", 2: "102"}
+#: Each replica's two nodes, as Slurm lists them (the coordinator takes nodes from Slurm).
+ALLOCATIONS = {"100": "node[1-2]", "101": "node[3-4]", "102": "node[5-6]"}
 
 
 def _config(run_dir: Path) -> CoordinatorConfig:
@@ -31,7 +33,7 @@ def _config(run_dir: Path) -> CoordinatorConfig:
 
 
 async def _scenario(run_dir: Path) -> dict[str, Any]:
-    backend = RecordingBackend()
+    backend = RecordingBackend(ALLOCATIONS)
     running = await start_coordinator(_config(run_dir), backend)
     secret = read_secret(run_dir / "secret")
     out: dict[str, Any] = {}
@@ -56,15 +58,18 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
                         allreduce_wait_s=0.45 - compute,
                         rank_compute_s=[0.2, 0.2, compute, 0.2],
                     ).to_json()
+                    key = replica_key_id(r)
+                    headers = sign(secret, key, "POST", "/v1/reports", body)
                     async with http.post(
-                        running.url + "/v1/reports", data=body, headers=sign(secret, body)
+                        running.url + "/v1/reports", data=body, headers=headers
                     ) as resp:
                         assert resp.status == 200, await resp.text()
             for _ in range(50):  # the Slurm actions run in the background
                 if ("release", "101") in backend.calls:
                     break
                 await asyncio.sleep(0.05)
-            async with http.get(running.url + "/v1/state") as resp:
+            headers = sign(secret, CONTROL_KEY, "GET", "/v1/state")
+            async with http.get(running.url + "/v1/state", headers=headers) as resp:
                 out["state"] = await resp.json()
             async with http.get(running.url + "/metrics") as resp:
                 out["metrics"] = await resp.text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +54,14 @@ _run_dir = click.option(
     help="Evict by draining the slow node, by keeping the job off it, or only report. "
     "Default: the spec's (drain).",
 )
+@click.option(
+    "--metrics-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="FTHSDP_METRICS_TOKEN_FILE",
+    default=None,
+    help="Require `Authorization: Bearer <token>` on GET /metrics, the token read from this "
+    "file (env FTHSDP_METRICS_TOKEN_FILE, e.g. from the spec's [job].env).",
+)
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
 def control(
@@ -69,18 +78,28 @@ def control(
     straggler_window_s: float | None,
     straggler_requeue_cost_s: float | None,
     straggler_mode: str | None,
+    metrics_token_file: Path | None,
     no_lighthouse: bool,
     no_poll: bool,
 ) -> None:
-    """Run the run's control plane: torchft's Lighthouse and the coordinator, until stopped."""
+    """Run the run's control plane: torchft's Lighthouse and the coordinator, until stopped.
+
+    Everything it creates in the run directory (journal, logs, control.json) is private to the
+    run's user (umask 077). A journal it cannot read stops it with exit code 2 and a line that
+    names the file; Slurm does not requeue a job for its exit code, so it does not loop.
+    """
     from runtime.control import coordinator as coord
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
     from runtime.control.straggler import EvictionMode
     from slurm.errors import InputError
+    from slurm.run_dir import check_control_inputs
 
+    os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = run_dir.resolve()
+    check_control_inputs(run_dir)
+    token = _metrics_token(metrics_token_file) if metrics_token_file else None
     try:
         settings = coord.load_run_settings(run_dir)
     except InputError:
@@ -118,6 +137,7 @@ def control(
         total_steps=settings.total_steps,
         straggler=straggler,
         eviction=eviction,
+        metrics_token=token,
     )
     lighthouse = None
     if not no_lighthouse:
@@ -129,6 +149,18 @@ def control(
             join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
         )
     asyncio.run(serve(config, lighthouse))
+
+
+def _metrics_token(path: Path) -> str:
+    from slurm.errors import InputError
+
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InputError("--metrics-token-file", str(path), f"a readable file ({exc})") from None
+    if not 16 <= len(token) <= 512 or not token.isprintable() or " " in token:
+        raise InputError("--metrics-token-file", str(path), "16-512 printable characters")
+    return token
 
 
 @click.command(context_settings={"ignore_unknown_options": True})

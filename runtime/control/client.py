@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
-from runtime.control.report import read_secret, sign
+from runtime.control.report import CONTROL_KEY, read_secret, sign
 from slurm.backend import NodeInfo, SlurmBackend, drain_reason
 from slurm.errors import InputError
 
@@ -24,22 +24,42 @@ _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeu
 
 
 def coordinator_url(run_dir: Path) -> str | None:
+    """The coordinator's URL from `control.json`; None while there is none (not written yet,
+    or being replaced). A file of another shape is an `InputError`, never "no coordinator"."""
+    path = Path(run_dir) / "control.json"
     try:
-        value = json.loads((Path(run_dir) / "control.json").read_text()).get("coordinator")
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except OSError:
         return None
-    return str(value) if value else None
+    except ValueError:
+        raise InputError(str(path), "not JSON", "the control job's JSON object") from None
+    value = data.get("coordinator") if isinstance(data, dict) else data
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise InputError(f"{path}: coordinator", value, "an http:// URL") from None
+    return value
 
 
 def fetch_state(run_dir: Path, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The coordinator's `/v1/state`, or None when there is no reachable coordinator."""
+    """The coordinator's `/v1/state` (a request signed with the control key), or None when
+    there is no reachable coordinator, no readable secret, or the answer is not a state."""
     url = coordinator_url(run_dir)
     if url is None:
         return None
     try:
-        with urllib.request.urlopen(url + "/v1/state", timeout=timeout) as resp:
-            data: dict[str, Any] = json.loads(resp.read())
+        secret = read_secret(Path(run_dir) / "secret")
+    except OSError:
+        return None
+    req = urllib.request.Request(
+        url + "/v1/state", headers=sign(secret, CONTROL_KEY, "GET", "/v1/state")
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
     except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
         return None
     data["url"] = url
     return data
@@ -106,7 +126,8 @@ def request_requeue(
     if url is not None:
         body = json.dumps({"replica": replica, "drain": drain, "reason": reason}).encode()
         headers = {"Content-Type": "application/json"}
-        headers.update(sign(read_secret(Path(run_dir) / "secret"), body))
+        secret = read_secret(Path(run_dir) / "secret")
+        headers.update(sign(secret, CONTROL_KEY, "POST", "/v1/requeue", body))
         req = urllib.request.Request(url + "/v1/requeue", data=body, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:

@@ -7,15 +7,22 @@ only then are the Slurm actions carried out (drain, requeue, release, cancel) th
 
 Endpoints (aiohttp; no hand-written HTTP):
 
-- `POST /v1/reports`: a signed `ReplicaReport` (HMAC with `run_dir/secret`, see
-  `runtime.control.report`). Unsigned, forged, stale, replayed, malformed, oversized and
-  unknown-replica reports get a 4xx, are journaled as refusals, and change nothing.
-- `POST /v1/requeue`: a signed operator request (`fthsdp requeue`).
+- `POST /v1/reports`: a `ReplicaReport` signed with that replica's key (derived from
+  `run_dir/secret`, see `runtime.control.report`). It must name the replica's current job; the
+  nodes it names are checked against Slurm's record of that job's allocation and replaced by it.
+  Unsigned, forged, stale, replayed, malformed, oversized, foreign and unknown-replica reports
+  get a 4xx, change nothing and are only counted in memory (`runtime.control.guard`).
+- `POST /v1/requeue`: a `RequeueRequest` signed with the control key (`fthsdp requeue`).
 - `GET /v1/replicas/{k}/directive?job=J&restarts=R&launch=L`: what the replica's supervisor does
   after its srun step ended: `relaunch`, `requeue` (exit; the coordinator requeues the job),
-  `exit` (for good) or `continue` (no decision yet).
-- `GET /v1/state`: the run's state for `fthsdp status`.
-- `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`).
+  `exit` (for good) or `continue` (no decision yet). Unsigned: read-only, and a directive
+  only tells a supervisor of that very job what the coordinator already decided.
+- `GET /v1/state`: the run's state for `fthsdp status`, signed with the control key.
+- `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`); with a bearer
+  token when the control job was given one (`--metrics-token-file`).
+
+Every connection serves one request and sits behind `runtime.control.guard` (header and body
+deadlines, a connection cap that evicts half-open connections first).
 
 Stragglers (`runtime.control.straggler.StragglerService`): every accepted report also feeds the
 straggler monitor; an eviction it decides goes through the policy as a `StragglerEviction`
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -44,6 +52,14 @@ from typing import Any
 import hostlist
 from aiohttp import web
 
+from runtime.control.guard import (
+    ConnectionGuard,
+    GuardConfig,
+    GuardedSite,
+    Refusals,
+    one_request_per_connection,
+    raise_open_files,
+)
 from runtime.control.journal import Journal, StoredAction
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
@@ -58,17 +74,24 @@ from runtime.control.policy import (
     Release,
     ReportReceived,
     Requeue,
-    StragglerEviction,
     Tick,
     directive_for,
     step,
 )
 from runtime.control.report import (
+    CONTROL_KEY,
+    JOB_ID,
+    MAX_CLOCK_SKEW_S,
+    MAX_INT,
     MAX_REPORT_BYTES,
     ReplicaReport,
+    RequeueRequest,
     SignatureError,
     create_secret,
+    derive_key,
     read_secret,
+    replica_key_id,
+    signed_headers,
     verify,
 )
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
@@ -80,7 +103,6 @@ log = logging.getLogger("fthsdp.coordinator")
 SECRET_FILE = "secret"
 RUN_FILE = "run.json"
 JOBS_FILE = "jobs.json"
-_NODE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 @dataclass(frozen=True)
@@ -102,6 +124,12 @@ class CoordinatorConfig:
     #: `train.straggler_*`; `min_replicas` is taken from `policy`).
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    #: Connection limits and deadlines for every sender (`runtime.control.guard`).
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    #: When set, `GET /metrics` requires `Authorization: Bearer <token>`.
+    metrics_token: str | None = None
+    #: Snapshot and compact the journal after this many events (None: 1,000 or 4 per replica).
+    compact_every: int | None = None
 
 
 @dataclass(frozen=True)
@@ -237,13 +265,22 @@ class Coordinator:
         self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
-        self.state, open_actions = self.journal.rebuild(config.policy, config.job_ids)
+        self.journal.check()
+        self.state, open_actions, self._seq = self.journal.rebuild(config.policy, config.job_ids)
         self._open = open_actions
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
+        self.refusals = Refusals(config.guard.log_every_s)
+        self._keys: dict[str, bytes] = {}
+        #: Nonces of signed GETs (not journaled: a replayed read changes nothing).
+        self._read_nonces: dict[str, float] = {}
+        #: job id -> its nodes as Slurm last listed them (polls and report checks).
+        self.allocations: dict[str, tuple[str, ...]] = {}
+        self._since_compact = 0
+        self.compact_every = config.compact_every or max(1000, 4 * config.policy.replicas)
         # Stragglers and metrics (runtime.control.straggler / .metrics).
-        past = sum(1 for _, ev in self.journal.events() if isinstance(ev, StragglerEviction))
+        past = self.journal.count_events("StragglerEviction")
         self.stragglers = StragglerService(
             config.policy.min_replicas,
             config.total_steps,
@@ -268,16 +305,51 @@ class Coordinator:
             if not always and not actions and new.to_dict() == self.state.to_dict():
                 return True
             try:
-                _, stored = self.journal.record(event, actions, nonce)
+                seq, stored = self.journal.record(event, actions, nonce)
             except KeyError:
                 return False
             self.state = new
+            self._seq = seq
             self.stragglers.account(new, time.monotonic())
             self.stragglers.on_actions(actions, time.monotonic())
+            self._since_compact += 1
+            if self._since_compact >= self.compact_every:
+                self.compact()
         slurm = [s for s in stored if isinstance(s.action, SLURM_ACTIONS)]
         if slurm:
             self._spawn(self._carry_out(slurm))
         return True
+
+    def compact(self) -> int:
+        """Snapshot the state and drop the status reports it covers (see the journal)."""
+        self._since_compact = 0
+        dropped = self.journal.compact(self.state, self._seq)
+        now = self.clock()
+        self._read_nonces = {
+            n: t for n, t in self._read_nonces.items() if now - t <= 2 * MAX_CLOCK_SKEW_S
+        }
+        log.debug("journal compacted at event %d: %d reports dropped", self._seq, dropped)
+        return dropped
+
+    def key(self, key_id: str) -> bytes:
+        found = self._keys.get(key_id)
+        if found is None:
+            found = self._keys[key_id] = derive_key(self.secret, key_id)
+        return found
+
+    async def allocation(self, job_id: str) -> tuple[str, ...] | None:
+        """The nodes Slurm lists for `job_id` now (all its components); None if it is not
+        queued. `SlurmCommandError` when Slurm cannot be asked."""
+        loop = asyncio.get_running_loop()
+        infos = await loop.run_in_executor(None, self.backend.jobs, [job_id])
+        found = [i for i in infos if i.base_id == job_id]
+        if not found:
+            self.allocations.pop(job_id, None)
+            return None
+        # Slurm's order: the straggler monitor maps ranks to nodes by it.
+        nodes = tuple(dict.fromkeys(n for i in found for n in _expand(i.nodes)))
+        self.allocations[job_id] = nodes
+        return nodes
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -325,7 +397,8 @@ class Coordinator:
         for info in infos:
             if info.het_offset != 0 or info.base_id not in ids:
                 continue
-            nodes = tuple(hostlist.expand_hostlist(info.nodes)) if info.nodes else ()
+            nodes = tuple(_expand(info.nodes))
+            self.allocations[info.base_id] = nodes
             event = JobObserved(
                 ids[info.base_id], info.base_id, info.restarts, info.state, self.clock(), nodes
             )
@@ -397,6 +470,7 @@ class Coordinator:
         data["cursor"] = max(cursors) if cursors else None
         data["open_actions"] = len(self.journal.actions(("decided", "started")))
         data["coordinator_started_at"] = self.started_at
+        data["refusals"] = self.refusals.snapshot()
         self.stragglers.account(self.state, time.monotonic())
         return self.stragglers.view(data)
 
@@ -406,6 +480,13 @@ class Coordinator:
         for event in events:
             log.warning("straggler eviction: replica %d (%s)", event.replica, event.detail)
             await self.submit(event)
+
+
+def _expand(nodes: str) -> list[str]:
+    """Slurm's hostlist of a job; empty for a pending job (`""`, `"(null)"`, `"None assigned"`)."""
+    if not nodes or nodes.startswith("(") or " " in nodes:
+        return []
+    return list(hostlist.expand_hostlist(nodes))
 
 
 def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
@@ -418,50 +499,125 @@ def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
 COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
 
 
-async def _read_signed(
-    request: web.Request, coord: Coordinator
-) -> tuple[bytes, str] | web.Response:
-    """The body and nonce of an authentic, fresh, not-replayed request, or the refusal."""
-    length = request.content_length
-    if length is not None and length > MAX_REPORT_BYTES:
-        return _refuse(coord, request, 413, f"body of {length} bytes")
-    body = await request.content.read(MAX_REPORT_BYTES + 1)
-    if len(body) > MAX_REPORT_BYTES:
-        return _refuse(coord, request, 413, "body over the limit")
-    try:
-        nonce = verify(coord.secret, body, request.headers, now=coord.clock())
-    except SignatureError as exc:
-        return _refuse(coord, request, 401, str(exc))
-    if coord.journal.nonce_seen(nonce):
-        return _refuse(coord, request, 409, "replayed nonce")
-    return body, nonce
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 def _refuse(coord: Coordinator, request: web.Request, status: int, reason: str) -> web.Response:
-    coord.journal.reject(request.remote, request.path, status, reason)
-    log.warning("refused %s from %s: %d %s", request.path, request.remote, status, reason)
+    """Answer a refusal; it is counted in memory only (no journal row, no fsync)."""
+    coord.refusals.add(f"{status} {request.path}", reason, request.remote)
     return web.json_response({"error": reason}, status=status)
+
+
+async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[str, str, bytes]:
+    """(key id, nonce, body) of an authentic, fresh, not replayed request signed with a key
+    `keys` allows ("control", or "replica" for any replica's own key); `_Refused` otherwise.
+
+    The headers are checked before the body is read, and the body is read under a deadline.
+    """
+    try:
+        key_id, timestamp, _, _ = signed_headers(request.headers)
+    except SignatureError as exc:
+        raise _Refused(401, str(exc)) from None
+    length = request.content_length
+    if length is not None and length > MAX_REPORT_BYTES:
+        raise _Refused(413, f"body of {length} bytes")
+    try:
+        body = await asyncio.wait_for(request.read(), coord.config.guard.body_timeout_s)
+    except web.HTTPRequestEntityTooLarge:
+        raise _Refused(413, "body over the limit") from None
+    except TimeoutError:
+        raise _Refused(408, "body not received in time") from None
+    try:
+        nonce = verify(
+            coord.key(key_id),
+            request.method,
+            request.raw_path,
+            body,
+            request.headers,
+            coord.clock(),
+        )
+    except SignatureError as exc:
+        raise _Refused(401, str(exc)) from None
+    allowed = key_id == CONTROL_KEY if keys == "control" else key_id.startswith("replica-")
+    if not allowed:
+        raise _Refused(403, f"key {key_id} may not call {request.method} {request.path}")
+    if nonce in coord._read_nonces or coord.journal.nonce_seen(nonce):
+        raise _Refused(409, "replayed nonce")
+    if request.method == "GET":
+        coord._read_nonces[nonce] = int(timestamp)
+    return key_id, nonce, body
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _Refused(400, "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise _Refused(400, "body is not a JSON object")
+    return data
+
+
+async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaReport:
+    """The report with Slurm's allocation of its job as `nodes`, and its `failed_node` one of
+    them; `_Refused` if it names a node outside the allocation.
+
+    A fatal report asks Slurm now (it may drain a node); a status report takes the last poll's
+    answer (asking once for a job not seen yet), and its own `nodes` are never used.
+    """
+    job_id = report.job_id
+    assert job_id is not None
+    if report.kind != "fatal":
+        known = coord.allocations.get(job_id)
+        if known is None:
+            with contextlib.suppress(SlurmCommandError):
+                known = await coord.allocation(job_id)  # once per job; polls refresh it
+                coord.allocations.setdefault(job_id, ())
+        return replace(report, nodes=list(known or ()))
+    try:
+        nodes = await coord.allocation(job_id)
+    except SlurmCommandError as exc:
+        raise _Refused(503, f"cannot read job {job_id} from Slurm: {exc}") from None
+    if nodes is None:
+        raise _Refused(409, f"job {job_id} is not in Slurm's queue")
+    foreign = sorted(set(report.nodes) - set(nodes))
+    if foreign:
+        raise _Refused(403, f"nodes {foreign[:3]} are not in job {job_id}'s allocation")
+    failed = report.failed_node
+    if failed is not None and failed not in nodes:
+        if len(nodes) != 1:
+            raise _Refused(403, f"node {failed} is not in job {job_id}'s allocation {nodes[:8]}")
+        # A worker that names its host, not its Slurm node: a one-node job is unambiguous.
+        log.info("report of replica %d: node %s read as %s", report.replica, failed, nodes[0])
+        failed = nodes[0]
+    return replace(report, nodes=list(nodes), failed_node=failed)
 
 
 async def post_report(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR_KEY]
-    got = await _read_signed(request, coord)
-    if isinstance(got, web.Response):
-        return got
-    body, nonce = got
     try:
-        data = json.loads(body)
-        if not isinstance(data, dict):
-            raise ValueError("body is not a JSON object")
-        report = ReplicaReport.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        return _refuse(coord, request, 400, f"malformed report: {exc}")
-    if report.replica not in coord.state.replicas:
-        return _refuse(coord, request, 404, f"unknown replica {report.replica}")
-    expected = coord.config.job_ids.get(report.replica)
-    if expected is not None and report.job_id is not None and report.job_id != expected:
-        # A leftover process of an earlier run in the same run_dir: it must not steer this one.
-        return _refuse(coord, request, 409, f"job {report.job_id} is not replica's job {expected}")
+        key_id, nonce, body = await _signed(request, coord, "replica")
+        try:
+            report = ReplicaReport.from_dict(_json_object(body))
+        except (ValueError, TypeError) as exc:
+            raise _Refused(400, f"malformed report: {exc}") from None
+        if key_id != replica_key_id(report.replica):
+            raise _Refused(403, f"key {key_id} may not report for replica {report.replica}")
+        r = coord.state.replicas.get(report.replica)
+        if r is None:
+            raise _Refused(404, f"unknown replica {report.replica}")
+        if report.job_id is None:
+            raise _Refused(400, "malformed report: field 'job_id' is required")
+        if report.job_id != r.job_id:
+            # A leftover process of an earlier run, or another user's job: it must not steer.
+            raise _Refused(409, f"job {report.job_id} is not replica's job {r.job_id}")
+        report = await _checked_nodes(coord, report)
+    except _Refused as exc:
+        return _refuse(coord, request, exc.status, exc.reason)
     if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
         return _refuse(coord, request, 409, "replayed nonce")
     await coord.after_report(report)
@@ -471,27 +627,32 @@ async def post_report(request: web.Request) -> web.Response:
 
 async def post_requeue(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR_KEY]
-    got = await _read_signed(request, coord)
-    if isinstance(got, web.Response):
-        return got
-    body, nonce = got
     try:
-        data = json.loads(body)
-        replica = data["replica"]
-        node = data.get("drain")
-        reason = str(data.get("reason") or "requeued by operator")
-        if not isinstance(replica, int) or isinstance(replica, bool):
-            raise ValueError("replica must be an integer")
-        if node is not None and (not isinstance(node, str) or not set(node) <= _NODE_CHARS):
-            raise ValueError(f"bad node name {node!r}")
-    except (ValueError, TypeError, KeyError) as exc:
-        return _refuse(coord, request, 400, f"malformed requeue: {exc}")
-    if replica not in coord.state.replicas:
-        return _refuse(coord, request, 404, f"unknown replica {replica}")
-    event = OperatorRequeue(replica, coord.clock(), node, reason[:80])
+        _, nonce, body = await _signed(request, coord, "control")
+        try:
+            req = RequeueRequest.from_dict(_json_object(body))
+        except (ValueError, TypeError) as exc:
+            raise _Refused(400, f"malformed requeue: {exc}") from None
+        r = coord.state.replicas.get(req.replica)
+        if r is None:
+            raise _Refused(404, f"unknown replica {req.replica}")
+        if req.drain is not None:
+            nodes = None
+            if r.job_id is not None:
+                try:
+                    nodes = await coord.allocation(r.job_id)
+                except SlurmCommandError as exc:
+                    raise _Refused(503, f"cannot read job {r.job_id}: {exc}") from None
+            if not nodes or req.drain not in nodes:
+                raise _Refused(
+                    403, f"node {req.drain} is not in job {r.job_id}'s allocation {nodes}"
+                )
+    except _Refused as exc:
+        return _refuse(coord, request, exc.status, exc.reason)
+    event = OperatorRequeue(req.replica, coord.clock(), req.drain, req.reason[:80])
     if not await coord.submit(event, nonce=nonce):
         return _refuse(coord, request, 409, "replayed nonce")
-    return web.json_response({"ok": True, "job_id": coord.state.replicas[replica].job_id})
+    return web.json_response({"ok": True, "job_id": coord.state.replicas[req.replica].job_id})
 
 
 async def get_directive(request: web.Request) -> web.Response:
@@ -501,26 +662,49 @@ async def get_directive(request: web.Request) -> web.Response:
         job = request.query.get("job") or None
         restarts = int(request.query.get("restarts", "0"))
         launch = int(request.query.get("launch", "0"))
+        if job is not None and not JOB_ID.fullmatch(job):
+            raise ValueError(job)
+        if not (0 <= restarts <= MAX_INT and 0 <= launch <= MAX_INT):
+            raise ValueError(restarts)
     except ValueError:
-        return web.json_response({"error": "bad replica/restarts/launch"}, status=400)
+        return _refuse(coord, request, 400, "bad replica/job/restarts/launch")
     if replica not in coord.state.replicas:
-        return web.json_response({"error": f"unknown replica {replica}"}, status=404)
+        return _refuse(coord, request, 404, f"unknown replica {replica}")
     directive, delay = directive_for(coord.state, replica, job, restarts, launch)
     return web.json_response({"directive": directive, "delay_s": delay})
 
 
 async def get_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[COORDINATOR_KEY].state_view())
+    coord = request.app[COORDINATOR_KEY]
+    try:
+        _, _, body = await _signed(request, coord, "control")
+        if body:
+            raise _Refused(400, "GET /v1/state takes no body")
+    except _Refused as exc:
+        return _refuse(coord, request, exc.status, exc.reason)
+    return web.json_response(coord.state_view())
 
 
 def make_app(coord: Coordinator) -> web.Application:
-    app = web.Application(client_max_size=MAX_REPORT_BYTES)
+    app = web.Application(
+        client_max_size=MAX_REPORT_BYTES, middlewares=[one_request_per_connection]
+    )
     app[COORDINATOR_KEY] = coord
     app.router.add_post("/v1/reports", post_report)
     app.router.add_post("/v1/requeue", post_requeue)
     app.router.add_get("/v1/replicas/{k}/directive", get_directive)
     app.router.add_get("/v1/state", get_state)
-    app.router.add_get("/metrics", aiohttp_handler(coord.registry, coord.state_view))
+    metrics = aiohttp_handler(coord.registry, coord.state_view)
+    token = coord.config.metrics_token
+
+    async def get_metrics(request: web.Request) -> web.Response:
+        if token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return _refuse(coord, request, 401, "metrics need the bearer token")
+        return await metrics(request)
+
+    app.router.add_get("/metrics", get_metrics)
     return app
 
 
@@ -541,9 +725,15 @@ async def start_coordinator(
     """Start the service on `config.host:config.port` (port 0 = a free one)."""
     coord = Coordinator(config, backend)
     await coord.start()
-    runner = web.AppRunner(make_app(coord), access_log=None)
+    runner = web.AppRunner(
+        make_app(coord),
+        access_log=None,
+        handler_args={"max_line_size": 4096, "max_field_size": 4096, "max_headers": 32},
+    )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    cap = raise_open_files(config.guard.max_connections)
+    guard = ConnectionGuard(config.guard, coord.refusals, cap)
+    site = GuardedSite(runner, config.host, config.port, guard)
     await site.start()
     port = int(runner.addresses[0][1]) if runner.addresses else config.port
     host = config.host if ":" not in config.host else f"[{config.host}]"
@@ -551,9 +741,12 @@ async def start_coordinator(
 
 
 def write_control_file(run_dir: Path, data: dict[str, Any]) -> Path:
-    """Write `run_dir/control.json` atomically (replicas may read it at any moment)."""
+    """Write `run_dir/control.json` atomically (replicas may read it at any moment), mode 0600."""
     path = run_dir / "control.json"
     tmp = path.with_name(f".control.json.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)
     return path

@@ -13,12 +13,30 @@ before the crash; the executor checks Slurm before repeating them (a Requeue who
 count already rose is done), so no decision is lost and none is carried out twice.
 
 The database uses WAL and `synchronous=FULL`: a committed row survives `kill -9`.
+
+Size and restart time are bounded by the number of replicas, not by the run's age: a status
+report that decided nothing is only needed until the next snapshot, so `compact` stores the
+coordinator's state (a `snapshot` row, the policy state after event N) and deletes those reports
+up to N in the same transaction; replay starts from the snapshot. Events that decided something,
+their actions and attempts are kept (they are the run's history, and the exactly-once record of
+every Slurm action). Nonces older than twice the clock-skew window can no longer be replayed
+(the signature check refuses them as stale) and are dropped too. A `kill -9` during a compaction
+rolls the whole transaction back: the snapshot and the deletions land together or not at all.
+
+Refused requests are not stored here (they cost an unauthenticated sender nothing durable; the
+coordinator counts them in memory). `rejections` is still read for journals of older versions.
+A record this version cannot read (written by an older one) is skipped with one log line when
+nothing was decided for it; one that carries a decision, an unreadable snapshot or an SQLite
+file that is not a database raise `JournalCorrupt`, which names the file and what to do.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -32,13 +50,18 @@ from runtime.control.policy import (
     Action,
     Event,
     PolicyConfig,
+    ReportReceived,
     RunState,
     action_from_dict,
     action_to_dict,
+    apply,
     event_from_dict,
     event_to_dict,
-    step,
 )
+from runtime.control.report import MAX_CLOCK_SKEW_S
+from slurm.errors import EnvironmentProblem
+
+log = logging.getLogger("fthsdp.journal")
 
 JOURNAL_FILE = "control.sqlite"
 
@@ -69,6 +92,12 @@ CREATE TABLE IF NOT EXISTS attempts (
     detail TEXT
 );
 CREATE TABLE IF NOT EXISTS nonces (nonce TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    upto_seq INTEGER NOT NULL,
+    at REAL NOT NULL,
+    state TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -81,6 +110,19 @@ CREATE TABLE IF NOT EXISTS rejections (
 
 #: Action states. `decided` -> `started` -> `done` | `failed` | `skipped`.
 OPEN_STATES = ("decided", "started")
+#: Nonces are kept this long (seconds): a request signed earlier is refused as stale anyway.
+NONCE_KEEP_S = 2 * MAX_CLOCK_SKEW_S
+
+
+class JournalCorrupt(EnvironmentProblem):
+    """The journal cannot be read; the control job must not start on it (exit code 2)."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(
+            f"control journal {path} is unreadable ({detail}); move it aside "
+            f"(mv {path} {path}.bad) to start this run's control plane with an empty journal "
+            "(replicas keep training; past decisions are forgotten), or restore it from a backup"
+        )
 
 
 @dataclass(frozen=True)
@@ -106,12 +148,37 @@ class Journal:
     """A thread-safe handle on the run's SQLite journal."""
 
     def __init__(self, path: Path) -> None:
+        """Open (or create, mode 0600) the journal; `JournalCorrupt` if it is not one."""
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        if not path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        elif stat.S_IMODE(path.stat().st_mode) & 0o077 and os.access(path, os.W_OK):
+            os.chmod(path, 0o600)  # written by an older version with the default umask
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            # Bound the WAL file: a compaction frees pages the next writes reuse.
+            self._db.execute("PRAGMA journal_size_limit=8388608")
+            self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
+            if "transient" not in columns:
+                self._db.execute(
+                    "ALTER TABLE events ADD COLUMN transient INTEGER NOT NULL DEFAULT 0"
+                )
+        except sqlite3.DatabaseError as exc:
+            raise JournalCorrupt(path, str(exc)) from None
+
+    def check(self) -> None:
+        """SQLite's own consistency check (a truncated or overwritten file fails it)."""
+        try:
+            with self._lock:
+                rows = self._db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise JournalCorrupt(self.path, str(exc)) from None
+        if rows != [("ok",)]:
+            raise JournalCorrupt(self.path, "; ".join(str(r[0]) for r in rows[:3]))
 
     @classmethod
     def in_run_dir(cls, run_dir: Path) -> Journal:
@@ -151,9 +218,12 @@ class Journal:
                     db.execute("INSERT INTO nonces VALUES (?, ?)", (nonce, now))
                 except sqlite3.IntegrityError:
                     raise KeyError(nonce) from None
+            transient = (
+                isinstance(event, ReportReceived) and event.report.kind == "status" and not actions
+            )
             cur = db.execute(
-                "INSERT INTO events (at, type, replica, payload) VALUES (?, ?, ?, ?)",
-                (event.at, payload["type"], replica, json.dumps(payload)),
+                "INSERT INTO events (at, type, replica, payload, transient) VALUES (?, ?, ?, ?, ?)",
+                (event.at, payload["type"], replica, json.dumps(payload), int(transient)),
             )
             seq = int(cur.lastrowid or 0)
             for action in actions:
@@ -198,19 +268,74 @@ class Journal:
                     (outcome, detail[:2000], now, action_id),
                 )
 
-    def reject(self, remote: str | None, path: str, status: int, reason: str) -> None:
+    def compact(self, state: RunState, upto_seq: int, now: float | None = None) -> int:
+        """Snapshot `state` (the state after event `upto_seq`) and drop what it makes redundant.
+
+        One transaction: the snapshot, the deletion of the status reports it covers and of
+        expired nonces commit together. Returns the number of events deleted.
+        """
+        now = time.time() if now is None else now
+        data = json.dumps(state.to_dict(), separators=(",", ":"))
         with self._tx() as db:
             db.execute(
-                "INSERT INTO rejections (at, remote, path, status, reason) VALUES (?, ?, ?, ?, ?)",
-                (time.time(), remote, path, status, reason[:500]),
+                "INSERT OR REPLACE INTO snapshot (id, upto_seq, at, state) VALUES (1, ?, ?, ?)",
+                (upto_seq, now, data),
             )
+            cur = db.execute("DELETE FROM events WHERE transient = 1 AND seq <= ?", (upto_seq,))
+            db.execute("DELETE FROM nonces WHERE at < ?", (now - NONCE_KEEP_S,))
+        return int(cur.rowcount)
 
     # -- reading ------------------------------------------------------------------------------
 
-    def events(self) -> list[tuple[int, Event]]:
+    def events(self, after: int = 0) -> list[tuple[int, Event]]:
+        """Stored events after `after`, oldest first; unreadable ones skipped (see `_parse`)."""
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT seq, payload FROM events WHERE seq > ? ORDER BY seq", (after,)
+                ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise JournalCorrupt(self.path, str(exc)) from None
+        out = []
+        for seq, payload in rows:
+            event = self._parse(int(seq), payload)
+            if event is not None:
+                out.append((int(seq), event))
+        return out
+
+    def _parse(self, seq: int, payload: str) -> Event | None:
+        """One stored event, or None (with one log line) for a record an older version wrote
+        that this one refuses; a record with a decision cannot be skipped."""
+        try:
+            return event_from_dict(json.loads(payload))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            with self._lock:
+                decided = self._db.execute(
+                    "SELECT 1 FROM actions WHERE event_seq = ? LIMIT 1", (seq,)
+                ).fetchone()
+            if decided:
+                raise JournalCorrupt(self.path, f"event {seq} has a decision but: {exc}") from None
+            log.warning("journal %s: skipping unreadable event %d: %s", self.path, seq, exc)
+            return None
+
+    def count_events(self, kind: str) -> int:
         with self._lock:
-            rows = self._db.execute("SELECT seq, payload FROM events ORDER BY seq").fetchall()
-        return [(int(seq), event_from_dict(json.loads(p))) for seq, p in rows]
+            row = self._db.execute("SELECT COUNT(*) FROM events WHERE type = ?", (kind,)).fetchone()
+        return int(row[0])
+
+    def snapshot(self) -> tuple[int, dict[str, Any]] | None:
+        """(upto_seq, state dict) of the latest snapshot, if any."""
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT upto_seq, state FROM snapshot").fetchone()
+            if row is None:
+                return None
+            data = json.loads(row[1])
+            if not isinstance(data, dict):
+                raise ValueError("snapshot is not an object")
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            raise JournalCorrupt(self.path, f"snapshot: {exc}") from None
+        return int(row[0]), data
 
     def actions(self, states: tuple[str, ...] | None = None) -> list[StoredAction]:
         sql = "SELECT id, event_seq, payload, status, attempts FROM actions"
@@ -234,12 +359,35 @@ class Journal:
 
     def rebuild(
         self, config: PolicyConfig, job_ids: dict[int, str] | None = None
-    ) -> tuple[RunState, list[StoredAction]]:
-        """Replay the journal: the state it leads to, and the Slurm actions still open."""
-        state = RunState.new(config, job_ids)
-        for _, event in self.events():
-            state, _ = step(state, event)
-        return state, self.actions(OPEN_STATES)
+    ) -> tuple[RunState, list[StoredAction], int]:
+        """Replay the journal from its snapshot: the state, the open Slurm actions, the last seq."""
+        snap = self.snapshot()
+        upto = 0
+        if snap is None:
+            state = RunState.new(config, job_ids)
+        else:
+            upto = snap[0]
+            try:
+                state = RunState.from_dict(config, snap[1])
+            except (ValueError, TypeError, KeyError) as exc:
+                raise JournalCorrupt(self.path, f"snapshot: {exc}") from None
+            for k, job in (job_ids or {}).items():
+                if k in state.replicas and state.replicas[k].job_id is None:
+                    state.replicas[k].job_id = job
+        last = upto
+        for seq, event in self.events(after=upto):
+            apply(state, event)  # in place: nothing else holds this state yet
+            last = seq
+        try:
+            open_actions = self.actions(OPEN_STATES)
+        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError) as exc:
+            raise JournalCorrupt(self.path, f"actions: {exc}") from None
+        return state, open_actions, last
+
+    def last_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(seq) FROM events").fetchone()
+        return int(row[0] or 0)
 
     def entries(self) -> list[JournalEntry]:
         """Events, decisions, Slurm action attempts and refusals, oldest first."""
@@ -259,7 +407,11 @@ class Journal:
         for at, typ, replica, payload in ev:
             if typ == "Tick":
                 continue
-            out.append(JournalEntry(at, typ, replica, _describe_event(json.loads(payload))))
+            try:
+                text = _describe_event(json.loads(payload))
+            except (ValueError, TypeError, KeyError) as exc:
+                text = f"unreadable record ({exc}), skipped"
+            out.append(JournalEntry(at, typ, replica, text))
         for at, typ, replica, payload, _status, _result in act:
             out.append(JournalEntry(at, f"decide {typ}", replica, _describe_action(payload)))
         for at, typ, replica, outcome, detail, payload in att:

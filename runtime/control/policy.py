@@ -28,7 +28,7 @@ or a coordinator restart.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from runtime.control.report import ExitCode, ReplicaReport
@@ -112,6 +112,18 @@ class RunState:
 
     def active(self) -> int:
         return sum(1 for r in self.replicas.values() if r.phase not in ("out", "done"))
+
+    @classmethod
+    def from_dict(cls, config: PolicyConfig, data: dict[str, Any]) -> RunState:
+        """A state saved by `to_dict` (a journal snapshot), under the current `config`."""
+        state = cls.new(config)
+        names = {f.name for f in fields(ReplicaState)}
+        for raw in data["replicas"]:
+            r = ReplicaState(**{k: v for k, v in raw.items() if k in names})
+            if r.replica in state.replicas:
+                state.replicas[r.replica] = r
+        state.drained = {str(d["node"]): str(d["reason"]) for d in data["drained"]}
+        return state
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -248,7 +260,27 @@ def decide(state: RunState, event: Event) -> list[Action]:
 
 def step(state: RunState, event: Event) -> tuple[RunState, list[Action]]:
     """Apply one event to a copy of `state`; return the new state and the actions to take."""
-    new = copy.deepcopy(state)
+    new = _copy_for(state, event)
+    return new, apply(new, event)
+
+
+def _copy_for(state: RunState, event: Event) -> RunState:
+    """A copy of what `event` may change: one replica (and the drained map) for events about
+    one replica, everything for ticks and restarts. Copying all replicas for every report would
+    make a 1,000-replica run's reports cost O(replicas) each."""
+    replica = getattr(event, "replica", None)
+    if isinstance(event, ReportReceived):
+        replica = event.report.replica
+    if isinstance(replica, int) and not isinstance(event, Tick | CoordinatorStarted):
+        replicas = dict(state.replicas)
+        if replica in replicas:
+            replicas[replica] = copy.deepcopy(replicas[replica])
+        return RunState(state.config, replicas, dict(state.drained))
+    return copy.deepcopy(state)
+
+
+def apply(new: RunState, event: Event) -> list[Action]:
+    """Apply one event to `new` in place (journal replay); returns the actions to take."""
     actions: list[Action] = []
     if isinstance(event, ReportReceived):
         _on_report(new, event, actions)
@@ -265,7 +297,7 @@ def step(state: RunState, event: Event) -> tuple[RunState, list[Action]]:
         _on_operator(new, event, actions)
     elif isinstance(event, StragglerEviction):
         _on_straggler(new, event, actions)
-    return new, actions
+    return actions
 
 
 def classify(report: ReplicaReport) -> FaultKind:

@@ -216,7 +216,7 @@ async def serve(
     try:
         if lighthouse is not None:
             logs = coordinator.run_dir / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
+            logs.mkdir(mode=0o700, parents=True, exist_ok=True)
             house = Lighthouse(lighthouse, logs / "lighthouse.log")
             house.start()
             await loop.run_in_executor(None, house.wait_ready)

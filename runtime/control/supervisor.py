@@ -35,7 +35,7 @@ from typing import Any
 
 import hostlist
 
-from runtime.control.report import ExitCode, ReplicaReport, read_secret, sign
+from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 
 log = logging.getLogger("fthsdp.supervisor")
@@ -165,7 +165,8 @@ class Supervisor:
         )
         body = report.to_json()
         secret = read_secret(c.run_dir / "secret")
-        headers = {"Content-Type": "application/json", **sign(secret, body)}
+        signed = sign(secret, replica_key_id(c.replica), "POST", "/v1/reports", body)
+        headers = {"Content-Type": "application/json", **signed}
         _http("POST", f"{url}/v1/reports", body, headers, c.http_timeout_s)
 
     def directive(self, url: str) -> tuple[str, float]:
