@@ -78,6 +78,51 @@ def test_ecc_rows_and_pages_table(rows, pages, status):
     assert ecc.judge(eccs, rows, pages, sec("ecc")).status == status
 
 
+@pytest.mark.parametrize(
+    ("eccs", "rows", "pages", "gpus", "status"),
+    [
+        ([], [RemappedRows(0, 0, 0, True, False)], [], 1, "fail"),  # no ECC counters read
+        ([], [], [RetiredPages(0, 40, 24, True)], 1, "fail"),
+        ([EccCounts(0, enabled=False)], [RemappedRows(0, 0, 4, False, True)], [], 1, "fail"),
+        ([EccCounts(0, enabled=None, volatile_uncorrectable=2)], [], [], 1, "fail"),  # mode unread
+        ([EccCounts(0, enabled=True, volatile_uncorrectable=0)], [], [], 2, "error"),  # GPU1 unread
+        ([], [RemappedRows(0, 0, 0, False, False)], [], 1, "pass"),
+    ],
+)
+def test_ecc_judges_what_was_read_and_errors_on_what_was_not(eccs, rows, pages, gpus, status):
+    assert ecc.judge(eccs, rows, pages, sec("ecc"), gpu_count=gpus).status == status
+
+
+class RecordsSource:
+    """A GPU source that hands out fixed records, as a node without ECC counters would."""
+
+    kind = "records"
+
+    def __init__(self, gpus: int, rows: list[RemappedRows]) -> None:
+        self._gpus, self._rows = gpus, rows
+
+    def gpus(self, timeout: float) -> list[GpuInfo]:
+        return [GpuInfo(i, f"00000000:{i:02X}:00.0") for i in range(self._gpus)]
+
+    def ecc(self, timeout: float) -> tuple[list[EccCounts], list[RemappedRows], list[RetiredPages]]:
+        return [], self._rows, []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("gpus", "rows", "status"),
+    [
+        (1, [RemappedRows(0, 1, 0, True, False)], "fail"),
+        (1, [], "error"),
+        (0, [], "skip"),
+    ],
+)
+def test_ecc_check_does_not_skip_when_counters_are_missing(tmp_path, gpus, rows, status):
+    write_node_inputs(tmp_path, "node1")
+    res = run_checks(["ecc"], sim_config(tmp_path), source=RecordsSource(gpus, rows))
+    assert res.by_name()["ecc"].status == status, res.by_name()["ecc"]
+
+
 def test_ecc_correctable_rate_from_two_samples():
     now = time.time()
     rates = ecc.correctable_rates(
