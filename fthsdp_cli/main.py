@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "requeue": ("status", "requeue", "Requeue one replica's job (optionally draining a node)."),
     "events": ("status", "events", "Print a run's event journal, newest last."),
     "check": ("check", "check", "Run the node health checks here and print the verdict."),
+    "doctor": ("doctor", "doctor", "Check this Slurm's configuration against what fthsdp needs."),
     "prolog": ("check", "prolog", "Slurm Prolog entry point: check, drain on failure."),
     "epilog": (
         "check",

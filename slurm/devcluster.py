@@ -47,6 +47,8 @@ class DevClusterConfig:
     nodes: int = 4
     gpus_per_node: int = 8
     switch_size: int = 2
+    #: "tree": leaf switches of `switch_size` nodes; "block" (Slurm 24.05+): blocks of that size.
+    topology: str = "tree"
     gpu_type: str = "h100"
     cpus_per_node: int = 16
     memory_mb: int = 64000
@@ -70,6 +72,8 @@ class DevClusterConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InputError(name, value, "must be a positive integer")
+        if self.topology not in ("tree", "block"):
+            raise InputError("topology", self.topology, "one of tree, block")
         if self.nodes > 64:
             raise InputError("nodes", self.nodes, "the dev cluster allows 1..64 nodes")
         for name in ("ctld_port", "slurmd_base_port"):
@@ -160,7 +164,7 @@ def slurm_conf(cfg: DevClusterConfig) -> str:
         "TaskPlugin=task/none",
         "MpiDefault=none",
         "SwitchType=switch/none",
-        "TopologyPlugin=topology/tree",
+        f"TopologyPlugin=topology/{cfg.topology}",
         "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
         "JobRequeue=1",
@@ -217,6 +221,9 @@ def gres_conf(cfg: DevClusterConfig) -> str:
 def topology_conf(cfg: DevClusterConfig) -> str:
     """topology.conf: nodes under leaf switches of `switch_size`, leaves under one spine."""
     leaves = cfg.switches
+    if cfg.topology == "block":
+        blocks = [f"BlockName=b{name[1:]} Nodes={_hl(nodes)}" for name, nodes in leaves.items()]
+        return "\n".join([*blocks, f"BlockSizes={cfg.switch_size}"]) + "\n"
     lines = [f"SwitchName={name} Nodes={_hl(nodes)}" for name, nodes in leaves.items()]
     lines.append(f"SwitchName=spine Switches={_hl(list(leaves))}")
     return "\n".join(lines) + "\n"

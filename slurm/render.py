@@ -146,6 +146,8 @@ def replica_options(spec: JobSpec, replica: int) -> tuple[list[Option], list[Opt
             ("gres", r.gres),
             ("gres-flags", r.gres_flags),
             ("switches", r.switches_option),
+            # Only for topology = "block": sbatch before 24.05 does not know --segment.
+            ("segment", r.segment_option),
             ("constraint", r.constraint_for(replica)),
             ("exclude", r.exclude),
             ("nodelist", r.nodelist),

@@ -145,6 +145,7 @@ def _port(where: str, value: int) -> None:
 
 
 STRAGGLER_MODES = ("drain", "exclude", "report")
+TOPOLOGIES = ("tree", "block")
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,10 @@ class ReplicasSection:
     partition: str | None = None
     switches: int | None = None
     switches_wait: str | None = None
+    #: Placement model: "tree" (topology/tree: `switches`) or "block" (topology/block, Slurm
+    #: 24.05+: each `segment` nodes of a replica inside one block, e.g. one NVLink domain).
+    topology: str | None = None
+    segment: int | None = None
     constraint: str | tuple[str, ...] | None = None
     exclude: str | None = None
     nodelist: str | None = None
@@ -273,6 +278,7 @@ class ReplicasSection:
                     "replicas.switches_wait", self.switches_wait, "needs replicas.switches set"
                 )
             _time("replicas.switches_wait", self.switches_wait)
+        self._check_topology()
         if isinstance(self.constraint, tuple):
             if len(self.constraint) != self.count:
                 raise InputError(
@@ -288,6 +294,36 @@ class ReplicasSection:
         _hostlist("replicas.nodelist", self.nodelist)
         if self.gres_flags is not None and self.gres_flags not in GRES_FLAGS:
             raise InputError("replicas.gres_flags", self.gres_flags, f"one of {sorted(GRES_FLAGS)}")
+
+    def _check_topology(self) -> None:
+        if self.topology is not None and self.topology not in TOPOLOGIES:
+            raise InputError("replicas.topology", self.topology, f"one of {', '.join(TOPOLOGIES)}")
+        if self.topology == "block" and self.switches is not None:
+            raise InputError("replicas.switches", self.switches, "applies to topology = 'tree'")
+        if self.segment is None:
+            return
+        if self.topology != "block":
+            raise InputError("replicas.segment", self.segment, "needs replicas.topology = 'block'")
+        _positive("replicas.segment", self.segment)
+        if self.nodes % self.segment:
+            # sbatch(1): the node count must be a multiple of the segment size.
+            raise InputError(
+                "replicas.segment", self.segment, f"must divide replicas.nodes={self.nodes}"
+            )
+
+    @property
+    def required_topology(self) -> str | None:
+        """The topology plugin this spec needs: block, tree (asked for, or `switches`), or None."""
+        if self.topology is None and self.switches is not None:
+            return "tree"
+        return self.topology
+
+    @property
+    def segment_option(self) -> int | None:
+        """`--segment` for block topology: the asked size, else the whole replica in one block."""
+        if self.topology != "block":
+            return None
+        return self.segment or self.nodes
 
     @property
     def tasks(self) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError
+from slurm.doctor import require_topology_support
 from slurm.errors import InputError
 from slurm.render import RenderedScript, render_run, write_scripts
 from slurm.run_dir import (
@@ -85,6 +86,7 @@ def submit_run(
 ) -> RunRecord:
     """Render, write and submit every job of `spec`; return what was recorded in jobs.json."""
     run = spec.run_dir
+    require_topology_support(spec)  # before anything is queued: sbatch < 24.05 lacks --segment
     check_not_live(run, backend, force=force)
     if check_cluster:
         with contextlib.suppress(SlurmCommandError):

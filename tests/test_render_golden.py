@@ -18,7 +18,7 @@ from slurm.spec import load_spec
 
 SPECS = Path(__file__).with_name("specs")
 GOLDEN = Path(__file__).with_name("golden")
-CASES = ["basic", "helper", "cpu"]
+CASES = ["basic", "helper", "cpu", "block"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,0 +1,153 @@
+"""What a cluster's Slurm says about itself: version, slurm.conf settings, partitions.
+
+`fthsdp doctor` and the submit-time topology check need the settings slurmctld actually runs
+with, not a guess from a file on the login node, so they read `scontrol show config` (one
+`Key = value` line per setting, a format unchanged from 22.05 to 26.05) and `scontrol show
+partition --oneliner`. Parsing is pure and kept apart from the two small readers. Settings
+that may be given several times print as `Prolog[0] = ...` from 24.11 on (and not at all when
+unset); they are folded into one comma list under the plain name.
+
+Fail safe: text that does not look like the output we know (no `Configuration data as of`
+header, no `SLURM_VERSION`) raises `UnrecognisedOutput` naming the command and the version,
+never an empty config a caller would read as "nothing is set".
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from slurm.errors import EnvironmentProblem
+
+SHOW_CONFIG = ("scontrol", "show", "config")
+SHOW_PARTITIONS = ("scontrol", "show", "partition", "--oneliner")
+_HEADER = "Configuration data as of"
+_LINE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)\s*=\s?(?P<value>.*)$")
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_PAIR = re.compile(r"(?:^|\s)(?P<key>[A-Za-z]+)=(?P<value>\S*)")
+
+
+class SlurmUnreachable(EnvironmentProblem):
+    """scontrol is missing, or slurmctld did not answer (`fthsdp doctor` exits 3)."""
+
+
+class UnrecognisedOutput(RuntimeError):
+    """Slurm answered with text whose shape this fthsdp does not know."""
+
+    def __init__(self, command: tuple[str, ...], version: str, detail: str) -> None:
+        super().__init__(f"{' '.join(command)} (Slurm {version}): output not recognised ({detail})")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'22.05.8', 'slurm-wlm 24.11.5', 'slurm 26.05.0-0rc1' -> (major, minor, micro)."""
+    m = _VERSION.search(text)
+    if m is None:
+        raise ValueError(f"no Slurm version in {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """The first block of `scontrol show config`: setting name -> value as Slurm prints it."""
+
+    version_text: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", types.MappingProxyType(dict(self.settings)))
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        return parse_version(self.version_text)
+
+    def get(self, key: str) -> str | None:
+        """The value, or None when unset (`(null)`, empty, or not printed by this release)."""
+        value = self.settings.get(key)
+        if value is None or value.strip() in ("", "(null)", "(null type)"):
+            return None
+        return value.strip()
+
+    def seconds(self, key: str) -> int | None:
+        """'600 sec' / '30' -> 600 / 30; None when unset or not a number."""
+        value = self.get(key)
+        if value is None:
+            return None
+        m = re.match(r"^(\d+)", value)
+        return int(m.group(1)) if m else None
+
+    def items(self, key: str) -> list[str]:
+        """A comma list (`SchedulerParameters`, `PrologFlags`, `GresTypes`) as its items."""
+        value = self.get(key)
+        return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+def parse_show_config(text: str) -> SlurmConfig:
+    """Parse `scontrol show config`; only the first block (later blocks are plugin configs)."""
+    lines = text.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith(_HEADER)), None)
+    if start is None:
+        raise UnrecognisedOutput(SHOW_CONFIG, "unknown", f"no '{_HEADER}' line")
+    settings: dict[str, str] = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        m = _LINE.match(line)
+        if m:
+            key, value = m.group("key"), m.group("value").rstrip()
+            settings[key] = value
+            if "[" in key:
+                # 24.11+ print each of several Prolog/Epilog as `Prolog[0] = ...`, none if unset.
+                base = key.split("[", 1)[0]
+                settings[base] = f"{settings[base]},{value}" if base in settings else value
+    version = settings.get("SLURM_VERSION", "").strip()
+    if not version or not _VERSION.search(version):
+        raise UnrecognisedOutput(SHOW_CONFIG, "unknown", "no SLURM_VERSION line")
+    if len(settings) < 20:
+        raise UnrecognisedOutput(SHOW_CONFIG, version, f"only {len(settings)} settings")
+    return SlurmConfig(version, settings)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    state: str | None
+
+
+def parse_partitions(text: str, version: str) -> dict[str, Partition]:
+    """`scontrol show partition --oneliner` -> name -> Partition (empty: the cluster has none)."""
+    out: dict[str, Partition] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("No partitions"):
+            continue
+        pairs = {m.group("key"): m.group("value") for m in _PAIR.finditer(line)}
+        name = pairs.get("PartitionName")
+        if not name:
+            raise UnrecognisedOutput(SHOW_PARTITIONS, version, f"no PartitionName in {line[:60]!r}")
+        out[name] = Partition(name, pairs.get("Default") == "YES", pairs.get("State"))
+    return out
+
+
+def _scontrol(argv: tuple[str, ...], timeout: float) -> str:
+    try:
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise SlurmUnreachable(f"{argv[0]} not found: is Slurm's client installed?") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmUnreachable(f"{' '.join(argv)}: no answer within {timeout:.0f}s") from None
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+        raise SlurmUnreachable(f"{' '.join(argv)} failed: {last[0]}")
+    return r.stdout
+
+
+def read_config(timeout: float = 30) -> SlurmConfig:
+    """The running slurmctld's configuration (the cluster that `SLURM_CONF` points at)."""
+    return parse_show_config(_scontrol(SHOW_CONFIG, timeout))
+
+
+def read_partitions(version: str, timeout: float = 30) -> dict[str, Partition]:
+    return parse_partitions(_scontrol(SHOW_PARTITIONS, timeout), version)
