@@ -167,7 +167,7 @@ def line_time(line: str, now: float, boot_time: float | None) -> float | None:
     return None
 
 
-def _records(text: str) -> list[str]:
+def log_records(text: str) -> list[str]:
     """Lines joined with their continuation lines (indented, no time of their own)."""
     out: list[str] = []
     for line in text.splitlines():
@@ -185,7 +185,7 @@ def parse_kernel_log(
     now = time.time() if now is None else now
     xids: list[XidEvent] = []
     lost: list[GpuLostEvent] = []
-    for record in _records(text):
+    for record in log_records(text):
         if "NVRM" not in record:
             continue
         m = _XID.search(record)

@@ -9,6 +9,8 @@ same fatal Xid timed before the window passes, which proves its time was really 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 
 from prolog_epilog import load_config, run_checks
 from prolog_epilog.checks import xid
-from prolog_epilog.kernel_log import line_time, parse_kernel_log, read_boot_time
+from prolog_epilog.kernel_log import line_time, log_records, parse_kernel_log, read_boot_time
 from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
 
 CFG = load_config()
@@ -216,3 +218,37 @@ def test_xid_check_on_a_log_file_in_each_wall_clock_form(tmp_path, form):
     assert res.status == "fail" and "Xid 48" in res.detail and "unreadable" not in res.detail
     res = run_checks(["xid"], cfg, kernel_log=log, since=now + 60).by_name()["xid"]
     assert res.status == "pass"
+
+
+DMESG_FORMS = [
+    [],
+    ["-r"],
+    ["-T"],
+    ["--time-format=iso"],
+    ["-x"],
+    ["-x", "--time-format=iso"],
+]
+
+
+def _dmesg(args: list[str]) -> str:
+    res = subprocess.run(["dmesg", *args], capture_output=True, text=True, timeout=30)
+    if res.returncode != 0 or not res.stdout.strip():
+        pytest.skip(f"dmesg {' '.join(args)} not readable here: {res.stderr.strip()[:80]}")
+    return res.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("dmesg") is None, reason="no dmesg on this host")
+@pytest.mark.parametrize("args", DMESG_FORMS, ids=[" ".join(a) or "raw" for a in DMESG_FORMS])
+def test_this_hosts_dmesg_every_line_time_is_read_and_agrees(args):
+    """The real util-linux on this host, in each form: every record's time is read, and it is
+    the instant the raw seconds since boot plus /proc/stat btime give (dmesg -T and iso compute
+    the same sum themselves, from a boot time good to a second)."""
+    boot = read_boot_time()
+    assert boot is not None
+    now = time.time()
+    raw = [line_time(r, now, boot) for r in log_records(_dmesg([])) if r.strip()]
+    other = [line_time(r, now, boot) for r in log_records(_dmesg(args)) if r.strip()]
+    assert raw and None not in raw and None not in other
+    n = min(len(raw), len(other))  # the ring buffer may grow between the two reads
+    assert n > 0 and all(abs(a - b) < 2.0 for a, b in zip(raw[:n], other[:n], strict=True))
