@@ -4,13 +4,17 @@ Each subcommand lives in its own module under `fthsdp_cli.commands` and is impor
 runs (or when its own `--help` is asked for). The group's `--help` reads the one-line summaries
 from the table below, so it costs a click import and nothing else: no torch, no numpy, no jinja.
 
-Every command's bad input surfaces as `slurm.errors.InputError` (or `EnvironmentProblem` for
-what the machine lacks); the group turns both into one line on stderr and exit code 2.
+No command lets a Python traceback reach a user. The group turns what a command raises into one
+line on stderr and a documented exit code (`EXIT_CODES`): bad input (`slurm.errors.InputError`)
+exits 2; a broken environment (`EnvironmentProblem`, a failing or unreachable Slurm command, a
+file the OS refuses) exits 3; anything else is a bug, reported as one line with exit 1, and
+`FTHSDP_DEBUG=1` shows its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -45,13 +49,71 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class BadInput(click.ClickException):
-    """Bad input or a missing prerequisite: one line, exit code 2."""
+EXIT_INPUT = 2
+EXIT_ENVIRONMENT = 3
+EXIT_INTERNAL = 1
+DEBUG_ENV = "FTHSDP_DEBUG"
+EXIT_CODES = (
+    "Exit codes: 0 done (for check: healthy); 1 the checked thing is unhealthy, or an internal "
+    "error (set FTHSDP_DEBUG=1 for the traceback); 2 bad input or usage; 3 the environment "
+    "failed (Slurm unreachable or a Slurm command failing, a command missing, a timeout, a port "
+    "in use, a file that cannot be read or written)."
+)
 
-    exit_code = 2
+
+class BadInput(click.ClickException):
+    """Bad input: one line, exit code 2."""
+
+    exit_code = EXIT_INPUT
 
     def format_message(self) -> str:
         return self.message
+
+
+class EnvironmentFailed(BadInput):
+    """The environment failed (Slurm, a command, a port, a file): one line, exit code 3."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class InternalError(BadInput):
+    """A bug: one line that says how to see the traceback, exit code 1."""
+
+    exit_code = EXIT_INTERNAL
+
+
+def _first_line(text: str) -> str:
+    """The most telling line of a tool's stderr: the first that says `error`, else the first."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower() or "fatal" in line.lower():
+            return line[:300]
+    return lines[0][:300] if lines else ""
+
+
+def one_line(exc: BaseException) -> tuple[str, int]:
+    """(message, exit code) for an exception a command raised: pure, tested by a table."""
+    from slurm.backend import SlurmCommandError
+    from slurm.errors import EnvironmentProblem, InputError
+
+    if isinstance(exc, InputError):
+        return str(exc), EXIT_INPUT
+    if isinstance(exc, SlurmCommandError):
+        command = " ".join(exc.argv[:2]) if exc.argv else "a Slurm command"
+        detail = _first_line(exc.stderr) or f"exit status {exc.returncode}"
+        return f"Slurm command '{command}' failed: {detail}", EXIT_ENVIRONMENT
+    if isinstance(exc, EnvironmentProblem):
+        return _first_line(str(exc)) or type(exc).__name__, EXIT_ENVIRONMENT
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        text = exc.strerror or _first_line(str(exc)) or type(exc).__name__
+        return f"{text}{where}", EXIT_ENVIRONMENT
+    text = _first_line(str(exc))
+    return (
+        f"internal error: {type(exc).__name__}{': ' + text if text else ''} "
+        f"(set {DEBUG_ENV}=1 for the traceback)",
+        EXIT_INTERNAL,
+    )
 
 
 class LazyGroup(click.Group):
@@ -73,17 +135,23 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
-        from slurm.errors import EnvironmentProblem, InputError
-
         try:
             return super().invoke(ctx)
-        except InputError as exc:
-            raise BadInput(str(exc)) from exc
-        except EnvironmentProblem as exc:
-            raise BadInput(str(exc)) from exc
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get(DEBUG_ENV) == "1":
+                raise
+            message, code = one_line(exc)
+            kind = {EXIT_INPUT: BadInput, EXIT_ENVIRONMENT: EnvironmentFailed}.get(code)
+            raise (kind or InternalError)(message) from exc
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EXIT_CODES,
+)
 @click.version_option(package_name="fthsdp", prog_name="fthsdp")
 def cli() -> None:
     """fthsdp: Fault-Tolerant HSDP training on Slurm.

@@ -10,8 +10,11 @@ whole-run restart. A replica that has a `[replicas.helper]` is itself a two-comp
 The `#SBATCH` options of each component are chosen here, in Python, as `(option, value)` pairs;
 the Jinja2 templates under `slurm/templates/` only lay them out and quote every value with
 `shlex.quote` (sbatch's `#SBATCH` parser and bash both honour those quotes). Templates run with
-`StrictUndefined`, so a missing variable is an error, not an empty string. The trainer's `srun`
-line sits in the `launch_trainer` block so a supervisor can wrap it without touching the rest.
+`StrictUndefined`, so a missing variable is an error, not an empty string. `q` refuses CR and LF
+(an `#SBATCH` option or argument must be one line); `q_lines` is only for a user's commands and
+`[job].env` values, after the `#SBATCH` block, where a quoted multi-line word is valid shell.
+The trainer's `srun` line sits in the `launch_trainer` block so a supervisor can wrap it without
+touching the rest.
 
 The Environment and compiled templates are built once per process: rendering 1000 replicas is a
 loop over a compiled template.
@@ -58,11 +61,27 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters["q"] = _quote
+    env.filters["q_lines"] = _quote_lines
     return env
 
 
 def _quote(value: object) -> str:
-    """shlex-quote a value for a shell or `#SBATCH` line; refuse what no quoting makes one line."""
+    """shlex-quote a value for a shell or `#SBATCH` line; refuse what no quoting makes one line.
+
+    A quoted newline is valid shell, but sbatch stops reading `#SBATCH` lines at it and an
+    `export` or `srun` line split in two runs its tail as a command: CR, LF and NUL are refused.
+    """
+    text = str(value)
+    for char, name in (("\0", "NUL"), ("\n", "newline"), ("\r", "carriage return")):
+        if char in text:
+            raise InputError("value", text, f"one line: no {name} characters")
+    return shlex.quote(text)
+
+
+def _quote_lines(value: object) -> str:
+    """shlex-quote a shell word that may span lines: a user's command or `[job].env` value,
+    placed after the `#SBATCH` block, where a quoted newline is plain shell (bash -n proves it
+    in the property tests). Only NUL, which no script can hold, is refused."""
     text = str(value)
     if "\0" in text:
         raise InputError("value", text, "no NUL bytes")
@@ -272,13 +291,14 @@ def render_run(
 
 
 def write_scripts(scripts: Iterable[RenderedScript], out_dir: Path) -> list[Path]:
-    """Write scripts into `out_dir` (created), executable by the owner; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write scripts into `out_dir` (created 0700), each readable and executable by its owner
+    only (a run directory holds the run's key); returns their paths."""
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     paths = []
     for s in scripts:
         p = out_dir / s.filename
         p.write_text(s.text)
-        p.chmod(0o755)
+        p.chmod(0o700)
         paths.append(p)
     return paths
 

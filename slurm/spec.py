@@ -5,7 +5,9 @@ A user writes the run once (`[job]`, `[replicas]`, `[replicas.helper]`, `[contro
 runtime) reads the same validated `JobSpec`. Validation happens here, once, so that nothing that
 reaches a `#SBATCH` line or a shell line can be malformed or hostile: names are limited to a safe
 charset, Slurm time and memory formats are checked, and every unknown key is an error with a
-did-you-mean (the whitelist idea from submitit, applied to a whole spec).
+did-you-mean (the whitelist idea from submitit, applied to a whole spec). Every pattern is
+applied with `fullmatch`: `$` alone would let a trailing newline through, and a newline in a
+value ends sbatch's reading of `#SBATCH` lines.
 
 The schema is the dataclasses themselves: each section's fields (with their type hints and
 defaults) are the only keys accepted, and `--set key=value` overrides are typed by the field they
@@ -35,20 +37,20 @@ import hostlist
 from slurm.errors import InputError
 
 #: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Run directories: absolute or relative paths without whitespace, quotes or shell syntax.
-SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+-][A-Za-z0-9_./+@=-]*$")
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./+@=-]*")
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (plus UNLIMITED / INFINITE).
 SLURM_TIME = re.compile(
-    r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}"
-    r"|\d+-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)$"
+    r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}"
+    r"|\d+-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)"
 )
-SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+SLURM_MEM = re.compile(r"\d+[KMGT]?")
 #: Feature expressions: names joined by & | , with optional [] grouping and *count.
-CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|,\[\]*:-]+$")
-HOSTLIST = re.compile(r"^[A-Za-z0-9_.,\[\]-]+$")
-EMAIL = re.compile(r"^[A-Za-z0-9_.+-]+@[A-Za-z0-9.-]+$")
+CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*:-]+")
+HOSTLIST = re.compile(r"[A-Za-z0-9_.,\[\]-]+")
+EMAIL = re.compile(r"[A-Za-z0-9_.+-]+@[A-Za-z0-9.-]+")
 MAIL_TYPES = frozenset(
     {
         "NONE",
@@ -89,12 +91,12 @@ MAX_REPLICAS = 100_000
 def _name(where: str, value: str | None, optional: bool = True) -> None:
     if value is None and optional:
         return
-    if not isinstance(value, str) or not SAFE_NAME.match(value):
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value):
         raise InputError(where, value, "allowed: 1-64 characters of A-Z a-z 0-9 _ . - (no spaces)")
 
 
 def _time(where: str, value: str | None) -> None:
-    if value is not None and not SLURM_TIME.match(value):
+    if value is not None and not SLURM_TIME.fullmatch(value):
         raise InputError(
             where,
             value,
@@ -103,7 +105,7 @@ def _time(where: str, value: str | None) -> None:
 
 
 def _mem(where: str, value: str | None) -> None:
-    if value is not None and not SLURM_MEM.match(value):
+    if value is not None and not SLURM_MEM.fullmatch(value):
         raise InputError(where, value, "a Slurm memory size: digits with optional K/M/G/T")
 
 
@@ -115,7 +117,7 @@ def _positive(where: str, value: int | None, minimum: int = 1) -> None:
 def _hostlist(where: str, value: str | None) -> None:
     if value is None:
         return
-    if not HOSTLIST.match(value):
+    if not HOSTLIST.fullmatch(value):
         raise InputError(where, value, "a Slurm hostlist such as node[1-4],gpu7")
     try:
         hostlist.expand_hostlist(value)
@@ -124,7 +126,7 @@ def _hostlist(where: str, value: str | None) -> None:
 
 
 def _constraint(where: str, value: str) -> None:
-    if not CONSTRAINT.match(value):
+    if not CONSTRAINT.fullmatch(value):
         raise InputError(
             where, value, "a Slurm feature expression of A-Z a-z 0-9 _ . - joined by & | ,"
         )
@@ -165,11 +167,19 @@ class JobSection:
 
     def __post_init__(self) -> None:
         # Replica jobs are named <name>-rNN and the control job <name>-control.
-        if not isinstance(self.name, str) or not SAFE_NAME.match(self.name) or len(self.name) > 48:
+        if (
+            not isinstance(self.name, str)
+            or not SAFE_NAME.fullmatch(self.name)
+            or len(self.name) > 48
+        ):
             raise InputError(
                 "job.name", self.name, "allowed: 1-48 characters of A-Z a-z 0-9 _ . - (no spaces)"
             )
-        if not self.run_dir or not SAFE_PATH.match(self.run_dir) or ".." in self.run_dir.split("/"):
+        if (
+            not self.run_dir
+            or not SAFE_PATH.fullmatch(self.run_dir)
+            or ".." in self.run_dir.split("/")
+        ):
             raise InputError(
                 "job.run_dir",
                 self.run_dir,
@@ -178,7 +188,7 @@ class JobSection:
         for key in ("account", "qos", "partition"):
             _name(f"job.{key}", getattr(self, key))
         _time("job.time", self.time)
-        if self.mail_user is not None and not EMAIL.match(self.mail_user):
+        if self.mail_user is not None and not EMAIL.fullmatch(self.mail_user):
             raise InputError("job.mail_user", self.mail_user, "an e-mail address")
         if self.mail_type is not None:
             bad = [t for t in self.mail_type.split(",") if t not in MAIL_TYPES]
@@ -189,7 +199,7 @@ class JobSection:
                     f"comma list of {', '.join(sorted(MAIL_TYPES))}",
                 )
         for key in self.env:
-            if not ENV_KEY.match(key):
+            if not ENV_KEY.fullmatch(key):
                 raise InputError(f"job.env.{key}", key, "a variable name [A-Za-z_][A-Za-z0-9_]*")
             if key.startswith(RESERVED_ENV_PREFIXES) and key not in USER_FTHSDP_ENV:
                 raise InputError(
@@ -374,7 +384,7 @@ class ControlSection:
             raise InputError(
                 "control.coordinator_port", self.coordinator_port, "differs from lighthouse_port"
             )
-        if not SAFE_PATH.match(self.python):
+        if not SAFE_PATH.fullmatch(self.python):
             raise InputError("control.python", self.python, "an interpreter name or path")
 
 

@@ -6,30 +6,45 @@ depends on it with `after:<control>` (start once the control job has started) pl
 how every later command finds the run. If any sbatch fails part-way, the jobs already submitted
 are cancelled again, so a failed submit never leaves half a run in the queue.
 
-Before anything is written, the spec is checked against what the cluster offers (GPUs per node in
-the partition) when Slurm answers, and the run_dir is refused if it holds a live run.
+Before anything is written, `SLURM_CONF` (when set) must name a readable, non-empty file (Slurm's
+commands retry a missing one for a minute and then print several lines), the spec is checked
+against what the cluster offers (GPUs per node in the partition) when Slurm answers, and the
+run_dir is refused if it holds a live run.
+
+A submit is all or nothing for the run directory too: if any step fails, the files it wrote are
+removed and the ones it replaced are put back (a new run_dir is removed entirely), so a failed
+submit never leaves a secret, scripts and spec.json without the jobs.json that goes with them.
+The run directory is made 0700 and what it holds for the run (secret, spec.json, jobs.json)
+0600: it holds the run's HMAC key and the state later commands act on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError
 from slurm.doctor import require_topology_support
-from slurm.errors import InputError
+from slurm.errors import EnvironmentProblem, InputError
 from slurm.render import RenderedScript, render_run, write_scripts
 from slurm.run_dir import (
+    JOBS_FILE,
     LOG_DIR,
+    RUN_DIR_MODE,
     SECRET_FILE,
     SPEC_FILE,
     JobRecord,
     RunRecord,
     check_not_live,
     new_record,
+    write_private,
     write_run,
 )
 from slurm.spec import JobSpec
@@ -67,18 +82,77 @@ def check_against_cluster(spec: JobSpec, nodes: Iterable[NodeInfo]) -> None:
         )
 
 
+def check_slurm_conf(env: Mapping[str, str] | None = None) -> None:
+    """Refuse a `SLURM_CONF` that names no readable, non-empty file, before any Slurm command.
+
+    Slurm's commands retry a missing config for 60 s and then print several lines; an empty one
+    fails with `ClusterName needs to be specified`. Unset is left to Slurm (its default path, or
+    a configless setup).
+    """
+    path = (os.environ if env is None else env).get("SLURM_CONF")
+    if not path:
+        return
+    hint = "start the dev cluster (fthsdp cluster up) or point SLURM_CONF at a slurm.conf"
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        raise EnvironmentProblem(f"SLURM_CONF={path}: {exc.strerror}; {hint}") from None
+    if not Path(path).is_file():
+        raise EnvironmentProblem(f"SLURM_CONF={path}: not a file; {hint}")
+    if size == 0:
+        raise EnvironmentProblem(f"SLURM_CONF={path}: the file is empty; {hint}")
+    if not os.access(path, os.R_OK):
+        raise EnvironmentProblem(f"SLURM_CONF={path}: not readable by this user; {hint}")
+
+
 def prepare_run_dir(spec: JobSpec, scripts: list[RenderedScript]) -> None:
-    """Write scripts, spec.json, logs/ and a fresh secret into run_dir."""
+    """Write scripts, spec.json, logs/ and a fresh secret into run_dir (0700, files 0600)."""
     # Imported here: runtime.control.report is torch-free, but the CLI's import path stays short.
     from runtime.control.report import create_secret
 
     run = spec.run_dir
-    (run / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    run.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
+    if run.stat().st_uid == os.geteuid():
+        run.chmod(RUN_DIR_MODE)
+    (run / LOG_DIR).mkdir(mode=RUN_DIR_MODE, exist_ok=True)
     write_scripts(scripts, run)
-    (run / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+    spec_text = json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n"
+    write_private(run / SPEC_FILE, spec_text)
     secret = run / SECRET_FILE
     secret.unlink(missing_ok=True)  # a new run gets a new key
     create_secret(secret)
+
+
+@contextlib.contextmanager
+def run_dir_transaction(run: Path, names: Iterable[str]) -> Iterator[None]:
+    """All or nothing for the files `names` (and logs/) of `run`: on an exception inside, what
+    was written is removed and what it replaced is put back; a run dir this made is removed."""
+    existed = run.exists()
+    if not existed:
+        run.mkdir(mode=RUN_DIR_MODE, parents=True)
+    backup = Path(tempfile.mkdtemp(prefix=".submit-", dir=run))
+    had_logs = (run / LOG_DIR).exists()
+    moved = []
+    try:
+        for name in names:
+            if (run / name).exists() or (run / name).is_symlink():
+                os.replace(run / name, backup / name)
+                moved.append(name)
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(run, ignore_errors=True)
+        else:
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    (run / name).unlink()
+            for name in moved:
+                os.replace(backup / name, run / name)
+            if not had_logs:
+                shutil.rmtree(run / LOG_DIR, ignore_errors=True)
+            shutil.rmtree(backup, ignore_errors=True)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
 
 
 def submit_run(
@@ -92,6 +166,18 @@ def submit_run(
         with contextlib.suppress(SlurmCommandError):
             check_against_cluster(spec, backend.nodes())
     scripts = render_run(spec)
+    names = [s.filename for s in scripts] + [SPEC_FILE, SECRET_FILE, JOBS_FILE]
+    with run_dir_transaction(run, names):
+        record = _submit_scripts(spec, scripts, backend)
+        write_run(record)
+    return record
+
+
+def _submit_scripts(
+    spec: JobSpec, scripts: list[RenderedScript], backend: SlurmBackend
+) -> RunRecord:
+    """prepare_run_dir, then sbatch control and replicas; cancels what it submitted on failure."""
+    run = spec.run_dir
     prepare_run_dir(spec, scripts)
     record = new_record(run, spec.job.name)
     submitted: list[str] = []
@@ -114,7 +200,6 @@ def submit_run(
         with contextlib.suppress(SlurmCommandError):
             backend.cancel(submitted)
         raise
-    write_run(record)
     return record
 
 

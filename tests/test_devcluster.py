@@ -148,13 +148,13 @@ def test_cluster_up_without_slurm_says_what_is_missing(tmp_path: Path) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
     r = _cli("cluster", "up", "--dir", str(tmp_path / "c"), env={"PATH": str(empty)})
-    assert r.returncode == 2
+    assert r.returncode == 3
     assert "missing" in r.stderr and "sinfo" in r.stderr and "apt-get install" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "c" / "run" / "slurmctld.pid").exists()
 
 
-def test_cluster_up_as_non_root_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_up_as_non_root_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The venv's interpreter lives under /root here, so another user cannot even start it;
     # the uid seen by the check is the one thing replaced.
     from click.testing import CliRunner
@@ -163,7 +163,7 @@ def test_cluster_up_as_non_root_exits_2(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = CliRunner().invoke(cli, ["cluster", "up", "--dir", str(tmp_path / "c")])
-    assert r.exit_code == 2
+    assert r.exit_code == 3
     assert "must run as root" in r.output
     assert not (tmp_path / "c").exists()
 
@@ -194,7 +194,7 @@ def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(tmp_path: Path) -> 
             "--slurmd-port",
             str(base + 1),
         )
-    assert r.returncode == 2
+    assert r.returncode == 3
     assert str(base + 2) in r.stderr and "in use" in r.stderr
     assert not devcluster.live_daemons(DevClusterConfig(directory=tmp_path, nodes=2))
 
@@ -218,7 +218,7 @@ def test_cluster_up_status_down_twice_in_a_row(tmp_path: Path) -> None:
             if health:
                 assert f"FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml" in up.stderr
             again = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
-            assert again.returncode == 2 and "already runs a cluster" in again.stderr
+            assert again.returncode == 3 and "already runs a cluster" in again.stderr
             st = _cli("cluster", "status", "--dir", str(tmp_path), "--json")
             assert st.returncode == 0, st.stderr
             assert '"node1": "idle"' in st.stdout and '"node2": "idle"' in st.stdout

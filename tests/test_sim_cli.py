@@ -113,6 +113,6 @@ def test_plot_without_matplotlib_is_a_clear_error(
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     out = tmp_path / "ettr.png"
     result = _run(*QUICK, "--plot", str(out))
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert "matplotlib" in result.output and "fthsdp[plot]" in result.output
     assert not out.exists()

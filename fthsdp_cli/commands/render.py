@@ -68,9 +68,11 @@ def submit(
         return
     from slurm.backend import default_backend
     from slurm.spec import load_spec
-    from slurm.submit import submit_run
+    from slurm.submit import check_slurm_conf, submit_run
 
-    record = submit_run(load_spec(spec, overrides), default_backend(), force=force)
+    loaded = load_spec(spec, overrides)
+    check_slurm_conf()
+    record = submit_run(loaded, default_backend(), force=force)
     if as_json:
         click.echo(record.to_json(), nl=False)
         return
@@ -93,7 +95,9 @@ def cancel(run_dir: Path) -> None:
     """Cancel every job of a run (as recorded in RUN_DIR/jobs.json)."""
     from slurm.backend import default_backend
     from slurm.run_dir import read_run
-    from slurm.submit import cancel_run
+    from slurm.submit import cancel_run, check_slurm_conf
 
-    ids = cancel_run(read_run(run_dir), default_backend())
+    record = read_run(run_dir)
+    check_slurm_conf()
+    ids = cancel_run(record, default_backend())
     click.echo(f"cancelled {len(ids)} job(s): {','.join(ids)}")

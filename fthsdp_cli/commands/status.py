@@ -112,7 +112,11 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     from rich.live import Live
 
     from slurm.backend import default_backend
+    from slurm.run_dir import check_run_files
+    from slurm.submit import check_slurm_conf
 
+    check_run_files(run_dir)
+    check_slurm_conf()
     backend = default_backend()
     data = full_status(run_dir, backend)
     if as_json and not watch:
@@ -146,7 +150,11 @@ def requeue(
     """Requeue one replica's job (draining a node first), through the coordinator if it runs."""
     from runtime.control.client import request_requeue
     from slurm.backend import default_backend
+    from slurm.run_dir import check_run_files
+    from slurm.submit import check_slurm_conf
 
+    check_run_files(run_dir, spec=False)
+    check_slurm_conf()
     result = request_requeue(run_dir, replica, default_backend(), drain_node, reason)
     if as_json:
         click.echo(json.dumps(result))
