@@ -252,3 +252,17 @@ def test_this_hosts_dmesg_every_line_time_is_read_and_agrees(args):
     assert raw and None not in raw and None not in other
     n = min(len(raw), len(other))  # the ring buffer may grow between the two reads
     assert n > 0 and all(abs(a - b) < 2.0 for a, b in zip(raw[:n], other[:n], strict=True))
+
+
+def test_a_log_read_from_its_middle_starts_at_a_whole_line(tmp_path):
+    """Cutting a big log must not leave half a line whose time is gone and so counts as new."""
+    old = f"[    5.000000] {XID48}\n"
+    new = f"[ 1126.635824] {BENIGN}\n"
+    log = tmp_path / "kern.log"
+    log.write_text(old + new)
+    for max_bytes in range(len(new) - 5, len(old) + len(new)):
+        text = xid.read_kernel_log(str(log), 5.0, max_bytes)
+        assert "Xid" not in text or text.startswith("[    5.0"), (max_bytes, text)
+        assert verdict(text, BOOT + 100).status == "pass"
+    assert xid.read_kernel_log(str(log), 5.0, len(old) + len(new)) == old + new
+    assert verdict(xid.read_kernel_log(str(log), 5.0, 10**6), BOOT + 1).status == "fail"

@@ -93,15 +93,30 @@ def judge(
     return f.result(f"no Xid in window ({older} older)" if older else "no Xid")
 
 
+def _tail(text: str, max_bytes: int) -> str:
+    """The last `max_bytes` of a log, starting at a whole line.
+
+    A line cut in half has lost its time, and an unreadable time counts as recent: the cut
+    must not turn an old Xid into a new one.
+    """
+    if len(text) <= max_bytes:
+        return text
+    tail = text[-max_bytes:]
+    return tail[tail.find("\n") + 1 :] if "\n" in tail else ""
+
+
 def read_kernel_log(source: str, timeout: float, max_bytes: int) -> str:
     if source == "dmesg":
         # Raw seconds since boot: every util-linux and busybox prints them, in any locale.
-        return run_tool(["dmesg"], timeout).stdout[-max_bytes:]
+        return _tail(run_tool(["dmesg"], timeout).stdout, max_bytes)
     path = Path(source)
     size = path.stat().st_size
     with path.open("rb") as f:
         if size > max_bytes:
-            f.seek(size - max_bytes)
+            f.seek(size - max_bytes - 1)  # one byte more: was the cut at a line start?
+            data = f.read()
+            start = data.find(b"\n") + 1
+            return data[start:].decode(errors="replace") if start else ""
         return f.read().decode(errors="replace")
 
 
