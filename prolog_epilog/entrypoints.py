@@ -21,7 +21,6 @@ line to `json_log` for tooling and logs to `log_file` and stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -151,7 +150,7 @@ def _run(
     from prolog_epilog.gpu_source import make_source
     from prolog_epilog.runner import run_checks
     from prolog_epilog.state import StateStore
-    from slurm.backend import CommandBackend
+    from slurm.backend import CommandBackend, SlurmCommandError
 
     backend = CommandBackend(timeout=float(cfg.actions["slurm_timeout_s"]), retries=2, backoff=0.5)
     kind = gpu_source if gpu_source != "auto" else cfg.general["gpu_source"]
@@ -196,9 +195,12 @@ def _run(
     node_info = None
     needs_node = (not suite.healthy and drain_enabled) or (suite.healthy and mode == "healthcheck")
     if needs_node:
-        with contextlib.suppress(Exception):
-            found = backend.nodes([cfg.node])
-            node_info = found[0] if found else None
+        try:
+            node_info = backend.node(cfg.node)
+        except SlurmCommandError as exc:  # unreadable: no action on a guess
+            log.error("node %s: state unreadable, no drain or resume: %s", cfg.node, exc)
+            record["action"] = {"action": "none", "why": f"node state unreadable: {exc}"[:300]}
+            return 0 if suite.healthy else 1
     decision = actions.decide(
         mode, suite, node_info, passes, int(cfg.actions["resume_after_passes"]), drain_enabled
     )

@@ -5,8 +5,9 @@ Under `srun` there is no launcher to hand those out, so the worker works them ou
 
 * **Address.** The first node of the step, by name. Where that name does not resolve (the dev
   cluster's node1..nodeN all live on one host; sites whose node names are not DNS names), the
-  node's `NodeAddr` comes from Slurm through `slurm.backend` (`sinfo --json`'s `address`). The
-  runtime never runs a Slurm command itself.
+  node's `NodeAddr` comes from Slurm through `slurm.backend` (the node record's `address`); when
+  Slurm cannot say, the worker stops with the reason rather than guess. The runtime never runs a
+  Slurm command itself.
 * **Port.** A port derived from the job id alone collides: two replicas of two runs (or two dev
   clusters) on one host with equal job ids, or a daemon already on that port. So rank 0 tries a
   sequence of candidate ports derived from the *incarnation* (job id, Slurm restart count,
@@ -22,7 +23,6 @@ incarnation, hence new candidates), not a silent hang.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -84,23 +84,31 @@ def resolves(name: str) -> bool:
 
 
 def node_address(name: str, lookup: Callable[[str], str] | None = None) -> str:
-    """`name` if it resolves, else its Slurm NodeAddr (via `slurm.backend`), else `name`."""
+    """`name` if it resolves, else its Slurm NodeAddr (via `slurm.backend`).
+
+    Never guesses: when Slurm cannot be read, or shows the node without an address, this raises
+    `RendezvousError` saying why. The bare name comes back only when Slurm itself says the
+    node's NodeAddr is its name.
+    """
     if resolves(name):
         return name
     if lookup is None:
         lookup = _slurm_node_address
     found = lookup(name)
-    return found or name
+    if not found:
+        raise RendezvousError(f"node {name} does not resolve and Slurm shows no address for it")
+    return found
 
 
 def _slurm_node_address(name: str) -> str:
     from slurm.backend import CommandBackend, SlurmCommandError
 
-    with contextlib.suppress(SlurmCommandError, OSError, ValueError):
-        for info in CommandBackend(timeout=20, retries=2).nodes([name]):
-            if info.name == name and info.address:
-                return info.address
-    return ""
+    try:
+        return CommandBackend(timeout=20, retries=2).node(name).address
+    except (SlurmCommandError, OSError) as exc:
+        raise RendezvousError(
+            f"node {name} does not resolve and its address cannot be read from Slurm: {exc}"
+        ) from None
 
 
 def _publish(path: Path, record: dict[str, object]) -> None:

@@ -4,93 +4,69 @@ Everything that submits, requeues, drains or queries goes through `SlurmBackend`
 path (failure -> report -> policy -> Slurm action) has exactly one place where it touches Slurm,
 and tests can swap the class rather than patch subprocess calls.
 
-`CommandBackend` drives Slurm's own commands (`sbatch`, `scontrol`, `squeue --json`,
-`sinfo --json`), which work on every Slurm; DESIGN.md fact 6: 22.05's `scontrol` has no `--json`,
-so queries use `squeue`/`sinfo`. Each command runs with a timeout and a bounded number of retries
-with backoff, because slurmctld restarts and slow answers are normal on a busy cluster.
+`CommandBackend` drives Slurm's own commands, which work on every Slurm. Their JSON differs by
+release, so the backend reads the version once (`scontrol --version`) and picks the command and
+parser for it (`slurm.slurm_json`): `sinfo --json` on 22.05, `scontrol --json show node` from
+23.02 on. An answer it does not recognise raises `SlurmOutputError`, never an empty list. Each
+command runs with a timeout and a bounded number of retries with backoff, because slurmctld
+restarts and slow answers are normal on a busy cluster.
 `PyslurmBackend` is picked by `default_backend()` only when pyslurm imports and matches the running
 Slurm (DESIGN.md fact 9: `import pyslurm` can kill the process, so the import is guarded in a
 child process first).
 
-Drain reasons are owned by prefix: `resume` refuses to touch a node whose reason is not ours.
+Drain reasons are owned by prefix. `drain` and `resume` take exactly one node name (a hostlist
+would be expanded by Slurm), re-read that node right before acting, and act only on what they
+read: a reason someone else set is never changed, and a node that cannot be read is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import hostlist
 
-DRAIN_PREFIX = "fthsdp:"
+from slurm import slurm_json
+from slurm.errors import InputError
+from slurm.records import (
+    DRAIN_PREFIX,
+    JobInfo,
+    NodeInfo,
+    NodeNameError,
+    NodeNotFound,
+    SlurmCommandError,
+    SlurmOutputError,
+    SlurmVersion,
+    check_node_name,
+)
+
+__all__ = [
+    "DRAIN_PREFIX",
+    "CommandBackend",
+    "JobInfo",
+    "NodeInfo",
+    "NodeNameError",
+    "NodeNotFound",
+    "SlurmBackend",
+    "SlurmCommandError",
+    "SlurmOutputError",
+    "SlurmVersion",
+    "check_node_name",
+    "default_backend",
+    "drain_reason",
+]
+
 #: sinfo shows 20 characters of a reason by default; scontrol shows it all.
 REASON_MAX = 120
 #: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
 RELEASE_DELAY_S = 2
-
-
-class SlurmCommandError(RuntimeError):
-    """A Slurm command failed (after its retries); carries the command and its stderr."""
-
-    def __init__(self, argv: Sequence[str], returncode: int, stderr: str) -> None:
-        self.argv = list(argv)
-        self.returncode = returncode
-        self.stderr = stderr.strip()
-        super().__init__(f"{' '.join(argv)} failed ({returncode}): {self.stderr}")
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One Slurm job (one het component per record) as squeue reports it."""
-
-    job_id: str
-    name: str
-    state: str
-    nodes: str
-    restarts: int
-    reason: str
-    het_job_id: str | None = None
-    het_offset: int = 0
-    eligible_time: int = 0
-    partition: str = ""
-    comment: str = ""
-    #: Nodes the job may not run on (squeue's `excluded_nodes`, a hostlist).
-    excluded: str = ""
-
-    @property
-    def base_id(self) -> str:
-        """The id to act on: the het leader's id for a het component, else the job's own."""
-        return self.het_job_id or self.job_id
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    state: str
-    flags: tuple[str, ...] = ()
-    reason: str = ""
-    gres: str = ""
-    partitions: tuple[str, ...] = field(default_factory=tuple)
-    #: NodeAddr: where to reach the node (differs from its name when names do not resolve, as
-    #: on the dev cluster where every node is 127.0.0.1); empty when Slurm does not say.
-    address: str = ""
-
-    @property
-    def drained(self) -> bool:
-        return "DRAIN" in self.flags or self.state.lower().startswith("drain")
-
-    @property
-    def drained_by_us(self) -> bool:
-        return self.drained and self.reason.startswith(DRAIN_PREFIX)
 
 
 class SlurmBackend(Protocol):
@@ -121,11 +97,13 @@ class CommandBackend:
         retries: int = 3,
         backoff: float = 0.5,
         env: dict[str, str] | None = None,
+        version: SlurmVersion | None = None,
     ) -> None:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.env = env
+        self._version = version
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -239,17 +217,16 @@ class CommandBackend:
             self._run(["scancel", *ids])
 
     def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
-        """Jobs known to slurmctld; with `job_ids`, those jobs (all components of het jobs).
+        """Jobs known to slurmctld; with `job_ids`, those jobs (all components of het jobs),
+        finished ones included for as long as slurmctld keeps them (`MinJobAge`).
 
-        22.05's `squeue --json` ignores `--jobs`/`--name` and returns every job, so the
-        filters are passed (later Slurms honour them) and applied here as well.
+        22.05's `squeue --json` ignores `--jobs`/`--name` and returns every job, finished ones
+        too; later releases honour the filters and need `--states=all` for finished jobs. The
+        filters are applied here as well.
         """
-        argv = ["squeue", "--json"]
         ids = list(job_ids)
-        if ids:
-            argv.append(f"--jobs={','.join(ids)}")
-        if name:
-            argv.append(f"--name={name}")
+        version = self.version()
+        argv = slurm_json.jobs_argv(version, ids, name)
         try:
             out = self._run(argv)
         except SlurmCommandError as exc:
@@ -257,7 +234,7 @@ class CommandBackend:
             if ids and "Invalid job id" in exc.stderr:
                 return []
             raise
-        return filter_jobs(parse_squeue_json(out), ids, name)
+        return filter_jobs(slurm_json.parse_squeue_jobs(out, version, argv), ids, name)
 
     def _settled(self, job_id: str) -> bool:
         """True once every component of `job_id` is back in the queue (PENDING or held).
@@ -272,31 +249,72 @@ class CommandBackend:
         states = {line.strip() for line in out.splitlines() if line.strip()}
         return states <= {"PENDING", "REQUEUE_HOLD", "SPECIAL_EXIT"}
 
+    # -- version ------------------------------------------------------------------------
+
+    def version(self) -> SlurmVersion:
+        """The Slurm release of the commands this backend runs, read once per backend."""
+        if self._version is None:
+            argv = list(slurm_json.VERSION_COMMAND)
+            version = slurm_json.parse_version(self._run(argv), argv)
+            slurm_json.check_supported(version, argv)
+            self._version = version
+        return self._version
+
     # -- nodes ----------------------------------------------------------------------------
 
     def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        """Per-node records (all nodes, or those named); an unreadable answer raises."""
         wanted = set(names)
-        out = parse_sinfo_json(self._run(["sinfo", "--json"]))
-        return [n for n in out if not wanted or n.name in wanted]
+        version = self.version()
+        argv = slurm_json.nodes_argv(version)
+        found = slurm_json.parse_nodes(self._run(argv), version, argv)
+        return [n for n in found if not wanted or n.name in wanted]
+
+    def node(self, name: str) -> NodeInfo:
+        """One node's current record, asked for by name; raises when Slurm does not show it."""
+        check_node_name(name, "node query")
+        version = self.version()
+        argv = slurm_json.nodes_argv(version, name)
+        found = [
+            n for n in slurm_json.parse_nodes(self._run(argv), version, argv) if n.name == name
+        ]
+        if not found:
+            raise NodeNotFound(argv, version, name)
+        if len(found) > 1:
+            raise SlurmOutputError(argv, version, f"{len(found)} records for node {name}, not 1")
+        return found[0]
 
     def drain(self, node: str, reason: str) -> bool:
-        """Drain `node` with `reason` unless an admin (not fthsdp) already drained it.
+        """Drain one node with our `reason` unless someone else's reason is on it.
 
-        Returns True if the node is now drained with our reason.
+        Returns True when the drain was sent, False when the node carries another's reason
+        (an admin's drain, Slurm's own) and was left alone. Raises, having done nothing, when
+        `node` is not one node name or its current state cannot be read.
         """
-        current = self.nodes([node])
-        if current and current[0].drained and not current[0].drained_by_us:
+        check_node_name(node, "drain")
+        if not isinstance(reason, str) or not reason.startswith(DRAIN_PREFIX) or "\n" in reason:
+            raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
+        current = self.node(node)  # read right before acting: the window is one command
+        if current.foreign_reason:
             return False
-        self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        self._update_node(node, "DRAIN", reason)
         return True
 
     def resume(self, node: str) -> bool:
-        """Resume `node` only if fthsdp drained it; admin drains are never touched."""
-        current = self.nodes([node])
-        if not current or not current[0].drained_by_us:
+        """Resume one node only when it is drained with our reason; True when resumed.
+
+        Raises, having done nothing, when `node` is not one node name or cannot be read.
+        """
+        check_node_name(node, "resume")
+        current = self.node(node)  # read right before acting: the window is one command
+        if not current.drained_by_us:
             return False
-        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        self._update_node(node, "RESUME", None)
         return True
+
+    def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
+        self._run(argv + ([f"Reason={reason}"] if reason else []))
 
 
 _TRANSIENT = (
@@ -322,65 +340,6 @@ def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> li
         if (not wanted or j.job_id in wanted or j.base_id in wanted)
         and (name is None or j.name == name)
     ]
-
-
-def parse_squeue_json(text: str) -> list[JobInfo]:
-    """Jobs from `squeue --json` (22.05 schema; later versions nest some fields, handled)."""
-    data = json.loads(text)
-    out = []
-    for j in data.get("jobs", []):
-        het_id = _scalar(j.get("het_job_id"))
-        state = j.get("job_state")
-        if isinstance(state, list):
-            state = state[0] if state else ""
-        out.append(
-            JobInfo(
-                job_id=str(_scalar(j.get("job_id"))),
-                name=str(j.get("name", "")),
-                state=str(state),
-                nodes=str(j.get("nodes", "") or ""),
-                restarts=int(_scalar(j.get("restart_cnt")) or 0),
-                reason=str(j.get("state_reason", "") or ""),
-                het_job_id=str(het_id) if het_id else None,
-                het_offset=int(_scalar(j.get("het_job_offset")) or 0),
-                eligible_time=int(_scalar(j.get("eligible_time")) or 0),
-                partition=str(j.get("partition", "") or ""),
-                comment=str(j.get("comment", "") or ""),
-                excluded=str(j.get("excluded_nodes", "") or ""),
-            )
-        )
-    return out
-
-
-def parse_sinfo_json(text: str) -> list[NodeInfo]:
-    data = json.loads(text)
-    out: dict[str, NodeInfo] = {}
-    for n in data.get("nodes", []):
-        name = n.get("name") or n.get("hostname")
-        if not name:
-            continue
-        state = n.get("state", "")
-        flags = list(n.get("state_flags", []) or [])
-        if isinstance(state, list):  # newer Slurm: state is a list of flags
-            flags += state[1:]
-            state = state[0] if state else ""
-        out[name] = NodeInfo(
-            name=name,
-            state=str(state).lower(),
-            flags=tuple(str(f).upper() for f in flags),
-            reason=str(n.get("reason", "") or ""),
-            gres=str(n.get("gres", "") or ""),
-            partitions=tuple(n.get("partitions", []) or []),
-            address=str(n.get("address", "") or ""),
-        )
-    return list(out.values())
-
-
-def _scalar(value: Any) -> Any:
-    """Slurm >= 23 wraps numbers as {"set": bool, "number": n}; 22.05 gives them plain."""
-    if isinstance(value, dict):
-        return value.get("number") if value.get("set", True) else None
-    return value
 
 
 def versions_match(pyslurm_version: str, slurm_version: str) -> bool:

@@ -7,9 +7,10 @@ slurm.conf is found, so this module imports pyslurm inside methods and is itself
 by `slurm.backend.default_backend()` after `pyslurm_usable()` has imported it safely in a child
 process and compared its version with the running Slurm's.
 
-Actions (requeue, make-eligible-now, cancel, drain, resume) use pyslurm's RPCs. Submission and
-queries stay on sbatch / squeue --json / sinfo --json (inherited from `CommandBackend`): sbatch
-is what parses `#SBATCH` lines and `hetjob` separators, and the JSON queries are already parsed
+Actions (requeue, make-eligible-now, cancel, drain, resume) use pyslurm's RPCs; drain and resume
+keep the command backend's checks (one node name, its reason re-read right before acting).
+Submission and queries stay on Slurm's commands (inherited from `CommandBackend`): sbatch is
+what parses `#SBATCH` lines and `hetjob` separators, and the JSON queries are already parsed
 into the same `JobInfo` / `NodeInfo` records, so both backends report identically.
 
 Not exercised by the test-suite here: no pyslurm build for Slurm 22.05 exists.
@@ -70,18 +71,9 @@ class PyslurmBackend(CommandBackend):
         for job_id in job_ids:
             self._rpc(["cancel", job_id], p.Job(int(job_id)).cancel)
 
-    def drain(self, node: str, reason: str) -> bool:
-        current = self.nodes([node])
-        if current and current[0].drained and not current[0].drained_by_us:
-            return False
+    def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        """Drain or resume through pyslurm; `drain`/`resume` (inherited) have already checked
+        the name and re-read the node's reason, exactly as for the command backend."""
         p = _pyslurm()
-        self._rpc(["drain", node], p.Node(node).modify, p.Node(state="DRAIN", reason=reason))
-        return True
-
-    def resume(self, node: str) -> bool:
-        current = self.nodes([node])
-        if not current or not current[0].drained_by_us:
-            return False
-        p = _pyslurm()
-        self._rpc(["resume", node], p.Node(node).modify, p.Node(state="RESUME"))
-        return True
+        change = p.Node(state=state, reason=reason) if reason else p.Node(state=state)
+        self._rpc([state.lower(), node], p.Node(node).modify, change)

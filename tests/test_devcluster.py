@@ -117,12 +117,17 @@ def test_health_settings_install_gating_and_task_env(tmp_path: Path) -> None:
 
 
 def test_sinfo_json_gives_node_address() -> None:
-    from slurm.backend import parse_sinfo_json
+    from slurm.records import SlurmVersion
+    from slurm.slurm_json import parse_sinfo_nodes
 
     text = json.dumps(
-        {"nodes": [{"name": "node1", "hostname": "localhost", "address": "127.0.0.1"}]}
+        {
+            "nodes": [
+                {"name": "node1", "hostname": "localhost", "address": "127.0.0.1", "state": "idle"}
+            ]
+        }
     )
-    (node,) = parse_sinfo_json(text)
+    (node,) = parse_sinfo_nodes(text, SlurmVersion(22, 5, 8), ["sinfo", "--json"])
     assert (node.name, node.address) == ("node1", "127.0.0.1")
 
 

@@ -43,17 +43,24 @@ def straggler_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
-    """`run_status` joined with the coordinator's view and the nodes fthsdp drained."""
+    """`run_status` joined with the coordinator's view and the nodes fthsdp drained.
+
+    `drained` is None, and `drained_unknown` says why, when Slurm's node list cannot be read:
+    an empty list would claim that nothing is drained."""
     from runtime.control.client import fetch_state, merge_status
     from slurm.backend import SlurmCommandError
 
     base = run_status(run_dir, backend)
     try:
-        nodes = backend.nodes()
-    except SlurmCommandError:
-        nodes = []
+        nodes: list[Any] | None = backend.nodes()
+    except SlurmCommandError as exc:  # unknown, not "none drained"
+        nodes = None
+        unreadable = str(exc)
     coord = fetch_state(run_dir)
-    merged = merge_status(base, coord, nodes)
+    merged = merge_status(base, coord, nodes or [])
+    if nodes is None:
+        merged["drained"] = None
+        merged["drained_unknown"] = unreadable
     merged["stragglers"] = straggler_rows(coord or {})
     return merged
 
@@ -88,7 +95,9 @@ def _render(status: dict[str, Any]) -> Any:
         )
     else:
         lines.append("coordinator: not reachable (Slurm's view only)")
-    for d in status["drained"]:
+    if status["drained"] is None:
+        lines.append("drained: unknown (Slurm's node list could not be read)")
+    for d in status["drained"] or []:
         lines.append(f"drained {d['node']}: {d['reason']}")
     for v in status.get("stragglers", []):
         text = f"replica {v['replica']}: {v['state']} {v['factor'] or 0:.1f}x"
@@ -119,6 +128,8 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     check_slurm_conf()
     backend = default_backend()
     data = full_status(run_dir, backend)
+    if data.get("drained_unknown"):
+        click.echo(f"drained nodes unknown: {data['drained_unknown']}", err=True)
     if as_json and not watch:
         click.echo(json.dumps(data, indent=2))
         return

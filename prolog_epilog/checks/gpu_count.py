@@ -3,7 +3,9 @@
 The commonest fault in a large GPU fleet is a GPU that fell off the bus (Xid 79): the node still
 runs, but with 7 GPUs, and a job asking for 8 hangs in NCCL setup. Expected comes from the config,
 else the node's GRES count in Slurm, else the `/dev/nvidia[0-9]*` device files (which the driver
-creates at load time, so they still count a GPU that NVML can no longer see).
+creates at load time, so they still count a GPU that NVML can no longer see). A Slurm answer in a
+shape fthsdp cannot read is an `error` of this check, not a node without GRES: only where Slurm
+cannot be asked at all (not installed, not configured, not reachable) do the device files decide.
 """
 
 from __future__ import annotations
@@ -52,13 +54,20 @@ def gres_gpu_count(gres: str) -> int | None:
 
 @functools.lru_cache(maxsize=8)
 def _slurm_gres_count(node: str, timeout: float) -> int | None:
-    from slurm.backend import CommandBackend, SlurmCommandError
+    """The node's GPU count in Slurm's GRES; None when Slurm cannot be asked here (not
+    installed, not configured, not reachable), does not know the node, or gives it no GPU GRES.
+    `SlurmOutputError` when Slurm answered in a shape that cannot be read."""
+    from slurm.backend import CommandBackend, NodeNotFound, SlurmCommandError, SlurmOutputError
 
     try:
-        nodes = CommandBackend(timeout=timeout, retries=1).nodes([node])
-    except (SlurmCommandError, OSError, ValueError):
+        info = CommandBackend(timeout=timeout, retries=1).node(node)
+    except NodeNotFound:
         return None
-    return gres_gpu_count(nodes[0].gres) if nodes else None
+    except SlurmOutputError:
+        raise
+    except SlurmCommandError:
+        return None
+    return gres_gpu_count(info.gres)
 
 
 def _dev_count(dev: Path = Path("/dev")) -> int | None:
@@ -78,5 +87,12 @@ def expected_count(ctx: CheckContext) -> int | None:
 
 
 def run(ctx: CheckContext) -> CheckResult:
+    from slurm.backend import SlurmOutputError
+
     gpus = ctx.source.gpus(ctx.remaining())
-    return judge(gpus, expected_count(ctx))
+    try:
+        expected = expected_count(ctx)
+    except SlurmOutputError as exc:
+        detail = f"{len(gpus)} GPUs visible; expected count unreadable from Slurm: {exc}"
+        return CheckResult("gpu-count", "error", detail[:400], "slurm unreadable")
+    return judge(gpus, expected)
