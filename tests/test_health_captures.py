@@ -60,6 +60,7 @@ ECC = [
     ("gpud/nvidia-smi-query.535.183.01.out.0.invalid", "error", "GPU0: no ECC"),
     ("gpud/nvidia-smi-query.560.35.03.out.0.valid", "warn", "GPU0 ECC N/A"),
     ("ml-engineering/debug_md_l41-75_a100_510.73.08.txt", "fail", "GPU0 remapped rows pending"),
+    ("hexo.post/nvidia-smi-usage_md_l112-296_v100_470.129.06.txt", "pass", "1 GPUs clean"),
 ]
 
 
@@ -82,6 +83,11 @@ def test_nvidia_smi_q_facts_read_from_captures():
     assert (a100[0].enabled, a100[0].volatile_correctable) == (None, 177)
     res = ecc.judge(a100, [], [], sec("ecc", volatile_correctable_warn=100))
     assert res.status == "warn" and "volatile correctable ECC 177" in res.detail
+    # V100, driver 470: "Single Bit            " keys carry trailing spaces; pages are read.
+    v100 = smi.parse_query((CAPTURES / ECC[11][0]).read_text())
+    assert smi.ecc_from_query(v100)[0].aggregate_correctable == 3
+    assert smi.retired_pages_from_query(v100)[0].single_bit == 1
+    assert smi.remapped_rows_from_query(v100) == []  # "Remapped Rows : N/A" before Ampere
 
 
 def test_nvlink_captures():
