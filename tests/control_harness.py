@@ -108,15 +108,15 @@ def wait_for(pred: Callable[[], object], timeout: float = 20.0, what: str = "") 
 
 
 class ControlProcess:
-    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
-        self.run_dir, self.env = run_dir, env
+    def __init__(self, run_dir: Path, env: dict[str, str], extra: list[str] | None = None) -> None:
+        self.run_dir, self.env, self.extra = run_dir, env, list(extra or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str:
         control = self.run_dir / "control.json"
         control.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "fthsdp_cli", "control", "--run-dir", str(self.run_dir)]
-        argv += ["--bind", "127.0.0.1", "--no-lighthouse"]
+        argv += ["--bind", "127.0.0.1", "--no-lighthouse", *self.extra]
         log = open(self.run_dir / "control.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
         log.close()

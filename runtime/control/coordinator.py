@@ -574,7 +574,7 @@ async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaRe
     if report.kind != "fatal":
         known = coord.allocations.get(job_id)
         if known is None:
-            with contextlib.suppress(SlurmCommandError):
+            with contextlib.suppress(SlurmCommandError, EnvironmentProblem, OSError):
                 known = await coord.allocation(job_id)  # once per job; polls refresh it
                 coord.allocations.setdefault(job_id, ())
         return replace(report, nodes=list(known or ()))

@@ -59,7 +59,7 @@ from runtime.control.policy import (
     event_to_dict,
 )
 from runtime.control.report import MAX_CLOCK_SKEW_S
-from slurm.errors import EnvironmentProblem
+from slurm.run_dir import RunFileError
 
 log = logging.getLogger("fthsdp.journal")
 
@@ -114,14 +114,16 @@ OPEN_STATES = ("decided", "started")
 NONCE_KEEP_S = 2 * MAX_CLOCK_SKEW_S
 
 
-class JournalCorrupt(EnvironmentProblem):
-    """The journal cannot be read; the control job must not start on it (exit code 2)."""
+class JournalCorrupt(RunFileError):
+    """The journal cannot be read: one line naming the file and what to do (exit code 2, as
+    for any bad run file); the control job does not start on it."""
 
     def __init__(self, path: Path, detail: str) -> None:
         super().__init__(
-            f"control journal {path} is unreadable ({detail}); move it aside "
+            path,
+            f"the control journal is unreadable ({detail}); move it aside "
             f"(mv {path} {path}.bad) to start this run's control plane with an empty journal "
-            "(replicas keep training; past decisions are forgotten), or restore it from a backup"
+            "(replicas keep training; past decisions are forgotten), or restore it from a backup",
         )
 
 
@@ -202,13 +204,17 @@ class Journal:
     # -- writing ------------------------------------------------------------------------------
 
     def record(
-        self, event: Event, actions: list[Action], nonce: str | None = None
+        self,
+        event: Event,
+        actions: list[Action],
+        nonce: str | None = None,
+        now: float | None = None,
     ) -> tuple[int, list[StoredAction]]:
         """Store an event, its nonce and the actions decided for it, atomically.
 
         Raises `KeyError` (and stores nothing) if the nonce was seen before.
         """
-        now = time.time()
+        now = time.time() if now is None else now
         payload = event_to_dict(event)
         replica = _replica_of(payload)
         stored: list[StoredAction] = []
@@ -391,6 +397,12 @@ class Journal:
 
     def entries(self) -> list[JournalEntry]:
         """Events, decisions, Slurm action attempts and refusals, oldest first."""
+        try:
+            return self._entries()
+        except sqlite3.DatabaseError as exc:
+            raise JournalCorrupt(self.path, str(exc)) from None
+
+    def _entries(self) -> list[JournalEntry]:
         out: list[JournalEntry] = []
         with self._lock:
             ev = self._db.execute("SELECT at, type, replica, payload FROM events").fetchall()

@@ -181,6 +181,17 @@ def _families(state: Mapping[str, Any]) -> Iterator[Metric]:
     n_drained = GaugeMetricFamily("fthsdp_run_drained_nodes", "Nodes this run has drained.")
     n_drained.add_metric([], float(len(drained_list)))
     yield n_drained
+    refused = CounterMetricFamily(
+        "fthsdp_control_refused",
+        "Requests and connections the coordinator refused since it started, by status and path "
+        "or by reason (header timeout, connection cap): unauthenticated traffic shows here.",
+        labels=["reason"],
+    )
+    for reason, total in sorted((state.get("refusals") or {}).items()):
+        value = _number(total)
+        if value is not None:
+            refused.add_metric([str(reason)], value)
+    yield refused
 
 
 _COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, RunStateCollector] = (

@@ -110,6 +110,23 @@ def read_previous(run_dir: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+#: What the control job writes in the run directory: readable by the run's user only.
+PRIVATE_FILES = ("control.sqlite", "control.sqlite-wal", "control.sqlite-shm", "control.json")
+
+
+def make_private(run_dir: Path) -> None:
+    """Tighten files an older version (or another umask) left readable: 0600, `logs/` 0700."""
+    for name in (*PRIVATE_FILES, "control.log"):
+        path = run_dir / name
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if path.stat().st_mode & 0o077 and path.is_file():
+                os.chmod(path, 0o600)
+    logs = run_dir / "logs"
+    if logs.is_dir() and logs.stat().st_mode & 0o077:
+        with contextlib.suppress(PermissionError):
+            os.chmod(logs, 0o700)
+
+
 def url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -195,6 +212,7 @@ async def serve(
     """Run the control plane until SIGTERM/SIGINT (or `stop` is set)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    make_private(coordinator.run_dir)
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
