@@ -266,3 +266,19 @@ def test_a_log_read_from_its_middle_starts_at_a_whole_line(tmp_path):
         assert verdict(text, BOOT + 100).status == "pass"
     assert xid.read_kernel_log(str(log), 5.0, len(old) + len(new)) == old + new
     assert verdict(xid.read_kernel_log(str(log), 5.0, 10**6), BOOT + 1).status == "fail"
+
+
+def test_a_lost_gpu_is_said_once_and_not_again_after_its_xid_79():
+    spam = "".join(f"[ {2013 + i}.5] NVRM: GPU is lost, skipping nvidia_ioctl\n" for i in range(50))
+    res = verdict(spam, BOOT)
+    assert res.status == "fail" and "GPU lost a GPU x50" in res.detail
+    assert res.reason == "GPU lost a GPU"
+    xid79 = (
+        "[ 2012.001234] NVRM: Xid (PCI:0000:db:00): 79, pid='<unknown>', name=<unknown>,"
+        " GPU has fallen off the bus.\n"
+        "[ 2012.001300] NVRM: GPU 0000:db:00.0: GPU has fallen off the bus.\n"
+    )
+    res = verdict(xid79, BOOT)
+    assert (
+        res.status == "fail" and res.reason == "Xid 79 0000:db:00" and "GPU lost" not in res.detail
+    )

@@ -61,10 +61,6 @@ def judge(
     drain, warn = set(cfg["drain"]), set(cfg["warn"])
     counts = Counter((e.code, e.pci) for e in recent)
     reported: set[tuple[int, str]] = set()
-    for g in gone:
-        when = "" if g.time is not None else " (time unreadable)"
-        where = g.pci or "a GPU"
-        f.add("fail", f"GPU lost {where}{when}: {g.message[:100]}", f"GPU lost {where}")
     for e in recent:
         key = (e.code, e.pci)
         if key in reported:
@@ -89,6 +85,20 @@ def judge(
                 f.add("warn", text)
         else:
             f.add("warn", text)
+    # A lost GPU already failing on an Xid (79 is followed by "GPU has fallen off the bus")
+    # is said once; a message repeated for one GPU is said once with its count.
+    failing = {normalize_bus(e.pci) for e in recent if e.code in drain}
+    lost_counts = Counter(g.pci for g in gone)
+    for pci in lost_counts:
+        if pci and normalize_bus(pci) in failing:
+            continue
+        first = next(g for g in gone if g.pci == pci)
+        unreadable = any(g.time is None for g in gone if g.pci == pci)
+        where = pci or "a GPU"
+        times = f" x{lost_counts[pci]}" if lost_counts[pci] > 1 else ""
+        when = " (time unreadable)" if unreadable else ""
+        text = f"GPU lost {where}{times}{when}: {first.message[:100]}"
+        f.add("fail", text, f"GPU lost {where}")
     older = len(events) + len(lost or []) - len(recent) - len(gone)
     return f.result(f"no Xid in window ({older} older)" if older else "no Xid")
 
