@@ -6,6 +6,11 @@
 #
 #   OUT=/tmp/capture benchmarks/gpu_capture.sh          # run from the repository root
 #
+# The records, check and timing parts import the package: FTHSDP_PYTHON names a Python 3.11+
+# that has its dependencies and nvidia-ml-py (a small venv made with `pip install -e .
+# nvidia-ml-py` is enough: prolog_epilog never imports torch). Without one those parts record
+# the import error and the nvidia-smi and kernel-log captures are still complete.
+#
 # What lands in $OUT:
 #   smi/      nvidia-smi -q, -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER, nvlink -s, nvlink -e, and the
 #             exact --query-gpu / --query-compute-apps CSVs the checks ask for (fields read from
@@ -51,11 +56,16 @@ cap smi/q.txt nvidia-smi -q
 cap smi/q_ecc.txt nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER
 cap smi/nvlink_s.txt nvidia-smi nvlink -s
 cap smi/nvlink_e.txt nvidia-smi nvlink -e
-FIELDS="$(timeout 20 "$PY" -c '
-from prolog_epilog import smi_parsers as s
-for name, fields in (("gpus", s.GPU_FIELDS), ("pcie", s.PCIE_FIELDS), ("thermal", s.THERMAL_FIELDS)):
-    print(name, ",".join(fields))
-print("apps", ",".join(s.APPS_FIELDS))
+# The field lists are read from the parser's source, without importing the package (whose
+# dependencies this machine may lack), so the CSVs are exactly what the checks ask for.
+FIELDS="$(timeout 20 python3 -c '
+import ast, sys
+tree = ast.parse(open("prolog_epilog/smi_parsers.py").read())
+lists = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+         for t in n.targets if isinstance(t, ast.Name) and t.id.endswith("_FIELDS")}
+for name, key in (("gpus", "GPU_FIELDS"), ("pcie", "PCIE_FIELDS"), ("thermal", "THERMAL_FIELDS"),
+                  ("apps", "APPS_FIELDS")):
+    print(name, ",".join(lists[key]))
 ')"
 while read -r name fields; do
 	[ -n "$name" ] || continue
