@@ -8,6 +8,12 @@ every call, so the test can count `scontrol requeue`s exactly.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +141,140 @@ def test_rebuild_replays_to_the_same_state(tmp_path: Path) -> None:
     ]
     assert journal.nonce_seen("n2.0") and not journal.nonce_seen("zzz")
     journal.close()
+
+
+# -- snapshots and compaction ----------------------------------------------------------------
+
+REPLICAS = 50
+JOB_IDS = {k: str(1000 + k) for k in range(REPLICAS)}
+
+
+def _traffic(n: int) -> Iterator[Event]:
+    """Status reports from every replica in turn, with a node fault and a process fault now
+    and then (decisions that must survive any compaction)."""
+    for i in range(n):
+        k = i % REPLICAS
+        at = 1000.0 + i * 0.1
+        if i % 9973 == 5000:
+            report = ReplicaReport(
+                replica=k,
+                incarnation=f"n{i}",
+                seq=1,
+                kind="fatal",
+                job_id=JOB_IDS[k],
+                failure="node",
+                failed_node="node1",
+            )
+            yield ReportReceived(report, at)
+        elif i % 7919 == 3000:
+            report = ReplicaReport(
+                replica=k,
+                incarnation=f"p{i}",
+                seq=1,
+                kind="fatal",
+                job_id=JOB_IDS[k],
+                failure="process",
+                exit_code=10,
+            )
+            yield ReportReceived(report, at)
+        else:
+            report = ReplicaReport(
+                replica=k, incarnation=f"w{k}", seq=i + 1, job_id=JOB_IDS[k], step=i // REPLICAS
+            )
+            yield ReportReceived(report, at)
+
+
+def _load(path: Path, n: int) -> RunState:
+    """Fill a journal as the coordinator would (fast: no fsync); the state it leads to."""
+    cfg = PolicyConfig(replicas=REPLICAS)
+    journal = Journal(path, durable=False)
+    state = RunState.new(cfg, JOB_IDS)
+    for i, ev in enumerate(_traffic(n)):
+        state, actions = step(state, ev)
+        journal.record(ev, actions, nonce=f"{i:032x}", now=ev.at)
+    journal.close()
+    return state
+
+
+def _decisions(path: Path) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT id, event_seq, type, payload FROM actions ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+def test_compaction_keeps_state_and_decisions_and_bounds_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "control.sqlite"
+    expected = _load(path, 20_000)
+    decisions = _decisions(path)
+    assert any(d[2] == "Requeue" for d in decisions) and any(d[2] == "Directive" for d in decisions)
+    journal = Journal(path)
+    try:
+        state, _, last = journal.rebuild(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        assert state.to_dict() == expected.to_dict()
+        dropped = journal.compact(state, last, now=1000.0 + 20_000 * 0.1)
+        assert dropped > 19_000
+        again, _, _ = journal.rebuild(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        assert again.to_dict() == expected.to_dict()
+        # What is left: events that decided something, and nonces of the last 2 x 300 s.
+        assert len(journal.events()) < 20
+        nonces = sqlite3.connect(path).execute("SELECT COUNT(*) FROM nonces").fetchone()[0]
+        assert nonces == pytest.approx(600 / 0.1, abs=2)
+    finally:
+        journal.close()
+    assert _decisions(path) == decisions
+
+
+_COMPACT_CHILD = """
+import sys
+from pathlib import Path
+from runtime.control.journal import Journal
+from runtime.control.policy import PolicyConfig
+journal = Journal(Path(sys.argv[1]))
+n = int(sys.argv[2])
+state, _, last = journal.rebuild(PolicyConfig(replicas=n), {k: str(1000 + k) for k in range(n)})
+print("compacting", flush=True)
+journal.compact(state, last)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_during_compaction_loses_no_decision(tmp_path: Path) -> None:
+    """A real child process compacts a 120,000-event journal and is SIGKILLed at a few
+    delays after it starts; whatever the moment, the journal opens, every decision is there
+    and the replayed state is the one before the compaction."""
+    source = tmp_path / "source.sqlite"
+    expected = _load(source, 120_000)
+    decisions = _decisions(source)
+    interrupted = 0
+    for trial, delay in enumerate((0.0, 0.02, 0.08, 0.2, 0.5)):
+        path = tmp_path / f"trial{trial}.sqlite"
+        path.write_bytes(source.read_bytes())
+        child = subprocess.Popen(
+            [sys.executable, "-c", _COMPACT_CHILD, str(path), str(REPLICAS)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+        )
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "compacting"
+            time.sleep(delay)
+            child.send_signal(signal.SIGKILL)
+            rest = child.stdout.read()
+        finally:
+            child.kill()
+            child.wait(30)
+        if "done" not in rest:
+            interrupted += 1
+        journal = Journal(path)
+        try:
+            journal.check()
+            state, _, _ = journal.rebuild(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+            assert state.to_dict() == expected.to_dict()
+        finally:
+            journal.close()
+        assert _decisions(path) == decisions
+    assert interrupted >= 1, "no kill landed inside a compaction"

@@ -149,8 +149,12 @@ class JournalEntry:
 class Journal:
     """A thread-safe handle on the run's SQLite journal."""
 
-    def __init__(self, path: Path) -> None:
-        """Open (or create, mode 0600) the journal; `JournalCorrupt` if it is not one."""
+    def __init__(self, path: Path, durable: bool = True) -> None:
+        """Open (or create, mode 0600) the journal; `JournalCorrupt` if it is not one.
+
+        `durable=False` skips the fsync per commit: only for loading volume in benchmarks and
+        tests, never for a coordinator (a crash could lose committed decisions).
+        """
         self.path = path
         self._lock = threading.Lock()
         if not path.exists():
@@ -160,7 +164,7 @@ class Journal:
         try:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
             # Bound the WAL file: a compaction frees pages the next writes reuse.
             self._db.execute("PRAGMA journal_size_limit=8388608")
             self._db.executescript(_SCHEMA)
