@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_captures import NODE_FILE, RELEASES, capture, version_of
 
 from slurm.records import (
     NodeInfo,
@@ -35,19 +35,6 @@ from slurm.slurm_json import (
     parse_squeue_jobs,
     parse_version,
 )
-
-CAPTURES = Path(__file__).with_name("fixtures") / "slurm"
-RELEASES = ("22.05", "24.11", "26.05")
-#: The per-node source of each release, as captured (`<source>_<stage>.json`).
-NODE_FILE = {"22.05": "sinfo", "24.11": "scontrol_show_nodes", "26.05": "scontrol_show_nodes"}
-
-
-def capture(release: str, name: str) -> str:
-    return (CAPTURES / release / name).read_text()
-
-
-def version_of(release: str) -> SlurmVersion:
-    return parse_version(capture(release, "scontrol_version.txt"))
 
 
 def nodes_of(release: str, stage: str) -> dict[str, NodeInfo]:
