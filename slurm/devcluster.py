@@ -223,7 +223,9 @@ def topology_conf(cfg: DevClusterConfig) -> str:
     leaves = cfg.switches
     if cfg.topology == "block":
         blocks = [f"BlockName=b{name[1:]} Nodes={_hl(nodes)}" for name, nodes in leaves.items()]
-        return "\n".join([*blocks, f"BlockSizes={cfg.switch_size}"]) + "\n"
+        # Base blocks of switch_size, paired into higher levels (2x, 4x, ...) as Slurm does.
+        sizes = [cfg.switch_size * 2**k for k in range(len(blocks).bit_length())]
+        return "\n".join([*blocks, f"BlockSizes={','.join(map(str, sizes))}"]) + "\n"
     lines = [f"SwitchName={name} Nodes={_hl(nodes)}" for name, nodes in leaves.items()]
     lines.append(f"SwitchName=spine Switches={_hl(list(leaves))}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,284 @@
+"""Block topology (`replicas.topology = "block"`): the spec rules, the rendered `--segment`, the
+submit-time refusal on a Slurm without it, and placement on a real dev cluster of blocks.
+
+Slurm 24.05 added topology/block with `BlockSizes` and `sbatch --segment` (its NEWS and man
+pages); 22.05 has neither, so the placement test skips there, naming the release it found, and
+runs in the 24.11 and 26.05 chroots (`python -m slurm.release_chroot run --version V -- ...`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import hostlist
+import pytest
+
+from slurm import devcluster
+from slurm.doctor import BLOCK_SINCE
+from slurm.errors import InputError
+from slurm.render import render_replica
+from slurm.slurm_config import parse_version
+from slurm.spec import JobSpec, parse_spec
+
+REPO = Path(__file__).resolve().parent.parent
+WAIT_S = 120
+NO_BLOCK_REASONS = ("Resources", "No suitable topology unit found")
+
+
+def _spec(run_dir: str = "/tmp/t", **replicas: object) -> JobSpec:
+    return parse_spec(
+        {
+            "job": {"name": "blk", "run_dir": run_dir},
+            "replicas": {"count": 2, **replicas},
+            "train": {"command": "true"},
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the spec and the rendered line
+
+
+@pytest.mark.parametrize(
+    ("replicas", "field", "allowed"),
+    [
+        ({"topology": "torus"}, "replicas.topology", "one of tree, block"),
+        ({"segment": 2, "nodes": 2}, "replicas.segment", "needs replicas.topology = 'block'"),
+        ({"topology": "tree", "segment": 1}, "replicas.segment", "needs replicas.topology"),
+        ({"topology": "block", "segment": 0}, "replicas.segment", "must be an integer >= 1"),
+        ({"topology": "block", "segment": -2}, "replicas.segment", "must be an integer >= 1"),
+        ({"topology": "block", "nodes": 4, "segment": 3}, "replicas.segment", "divide"),
+        ({"topology": "block", "nodes": 2, "segment": 4}, "replicas.segment", "divide"),
+        ({"topology": "block", "switches": 1}, "replicas.switches", "topology = 'tree'"),
+    ],
+)
+def test_spec_rejects(replicas: dict[str, object], field: str, allowed: str) -> None:
+    with pytest.raises(InputError) as info:
+        _spec(**replicas)
+    assert info.value.field == field and allowed in info.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("replicas", "required", "segment"),
+    [
+        ({}, None, None),
+        ({"switches": 1}, "tree", None),
+        ({"topology": "tree"}, "tree", None),
+        ({"topology": "tree", "switches": 2}, "tree", None),
+        ({"topology": "block"}, "block", 1),
+        ({"topology": "block", "nodes": 4}, "block", 4),
+        ({"topology": "block", "nodes": 4, "segment": 2}, "block", 2),
+    ],
+)
+def test_segment_is_rendered_only_for_block(
+    replicas: dict[str, object], required: str | None, segment: int | None
+) -> None:
+    spec = _spec(**replicas)
+    assert spec.replicas.required_topology == required
+    assert spec.replicas.segment_option == segment
+    lines = render_replica(spec, 1).text.splitlines()
+    got = [line for line in lines if line.startswith("#SBATCH --segment")]
+    assert got == ([f"#SBATCH --segment={segment}"] if segment else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# the real cluster
+
+
+def _slurm_version() -> tuple[int, int, int]:
+    out = subprocess.run(
+        [devcluster._binary("slurmd"), "-V"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    return parse_version(out)
+
+
+def _require_block() -> None:
+    from tests.conftest import _require_slurm
+
+    _require_slurm()
+    version = _slurm_version()
+    if version[:2] < BLOCK_SINCE:
+        pytest.skip(
+            f"Slurm {version[0]}.{version[1]:02d}.{version[2]} has no topology/block or --segment "
+            f"(added in {BLOCK_SINCE[0]}.{BLOCK_SINCE[1]:02d})"
+        )
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[Callable[[str], devcluster.DevClusterConfig]]:
+    """Start 4-node dev clusters (2 nodes per block or leaf switch); all stopped at the end."""
+    started: list[devcluster.DevClusterConfig] = []
+
+    def start(topology: str) -> devcluster.DevClusterConfig:
+        base = devcluster.free_port_block(5, start=26000 + (os.getpid() % 200) * 10)
+        cfg = devcluster.DevClusterConfig(
+            directory=tmp_path / f"{topology}{len(started)}",
+            nodes=4,
+            gpus_per_node=1,
+            switch_size=2,
+            topology=topology,
+            ctld_port=base,
+            slurmd_base_port=base + 1,
+        )
+        started.append(cfg)
+        return devcluster.up(cfg, timeout=120)
+
+    try:
+        yield start
+    finally:
+        for cfg in started:
+            devcluster.down(cfg)
+
+
+def _sh(cfg: devcluster.DevClusterConfig, *argv: str) -> str:
+    r = subprocess.run(list(argv), env=cfg.env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"{' '.join(argv)}: {r.stderr.strip()}"
+    return r.stdout.strip()
+
+
+def _sbatch(cfg: devcluster.DevClusterConfig, script: Path | None, *args: str) -> str:
+    argv = ["sbatch", "--parsable", *args] + ([str(script)] if script else [])
+    return _sh(cfg, *argv).split(";")[0]
+
+
+def _job(cfg: devcluster.DevClusterConfig, job_id: str) -> tuple[str, str, str]:
+    """(state, nodes, reason) as squeue prints them."""
+    out = _sh(cfg, "squeue", "-h", "-j", job_id, "-o", "%T|%N|%r")
+    state, nodes, reason = out.split("|")
+    return state, nodes, reason
+
+
+def _wait(what: str, predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+
+
+def _replica_jobs(spec: JobSpec, folder: Path) -> list[Path]:
+    """The rendered replica scripts with their `#SBATCH` header kept verbatim and the body
+    replaced by a sleep (placement is decided by the header alone)."""
+    paths = []
+    for k in range(spec.replicas.count):
+        lines = render_replica(spec, k).text.splitlines()
+        header = [lines[0]] + [line for line in lines[1:] if line.startswith("#SBATCH ")]
+        path = folder / f"replica-{k}.sbatch"
+        path.write_text("\n".join([*header, "sleep 600", ""]))
+        paths.append(path)
+    return paths
+
+
+def _blocks(cfg: devcluster.DevClusterConfig) -> list[set[str]]:
+    """Node sets of the base blocks, as slurmctld reports them (`scontrol show topology`)."""
+    out = []
+    for line in _sh(cfg, "scontrol", "show", "topology").splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "BlockName" in fields:
+            out.append(set(hostlist.expand_hostlist(fields["Nodes"])))
+    return out
+
+
+def _fill(cfg: devcluster.DevClusterConfig, node: str) -> str:
+    job = _sbatch(
+        cfg, None, "-w", node, "-N1", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"
+    )
+    _wait(f"filler on {node}", lambda: _job(cfg, job)[0] == "RUNNING")
+    return job
+
+
+@pytest.mark.slurm
+def test_each_replica_lands_inside_one_block(
+    cluster: Callable[[str], devcluster.DevClusterConfig], tmp_path: Path
+) -> None:
+    """node1 and node4 busy leaves node2 + node3 idle, one in each block: a 2-node replica
+    must wait (Reason=Resources) rather than span blocks, then take a whole block each."""
+    _require_block()
+    cfg = cluster("block")
+    blocks = _blocks(cfg)
+    assert blocks == [{"node1", "node2"}, {"node3", "node4"}]
+    spec = _spec(str(tmp_path / "run"), nodes=2, gpus_per_node=1, topology="block", exclusive=True)
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    scripts = _replica_jobs(spec, tmp_path)
+    assert "#SBATCH --segment=2" in scripts[0].read_text().splitlines()
+    fill1, fill4 = _fill(cfg, "node1"), _fill(cfg, "node4")
+    replicas = [_sbatch(cfg, s) for s in scripts]
+    # The reason slurmctld gives once it has tried and found no block: 24.11 says Resources,
+    # 26.05 "No suitable topology unit found"; the replica queued behind it waits on Priority.
+    _wait(
+        "replica 0 pending for want of a block",
+        lambda: _job(cfg, replicas[0])[::2] in {("PENDING", r) for r in NO_BLOCK_REASONS},
+    )
+    assert _job(cfg, replicas[1])[0] == "PENDING"
+    idle = _sh(cfg, "sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split()
+    assert sorted(idle) == ["node2", "node3"]
+    _sh(cfg, "scancel", fill4)
+    _wait("replica 0 running", lambda: _job(cfg, replicas[0])[0] == "RUNNING")
+    _sh(cfg, "scancel", fill1)
+    _wait("replica 1 running", lambda: _job(cfg, replicas[1])[0] == "RUNNING")
+    placed = [set(hostlist.expand_hostlist(_job(cfg, j)[1])) for j in replicas]
+    assert placed == [{"node3", "node4"}, {"node1", "node2"}]
+    assert all(p in blocks for p in placed)
+
+
+@pytest.mark.slurm
+def test_without_block_topology_the_same_replica_spans_switches(
+    cluster: Callable[[str], devcluster.DevClusterConfig], tmp_path: Path
+) -> None:
+    """The control for the test above: under topology/tree, with no `switches`, the same 2-node
+    replica starts at once on node2 + node3, across two leaf switches."""
+    from tests.conftest import _require_slurm
+
+    _require_slurm()
+    cfg = cluster("tree")
+    spec = _spec(str(tmp_path / "run"), nodes=2, gpus_per_node=1, exclusive=True)
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    _fill(cfg, "node1")
+    _fill(cfg, "node4")
+    job = _sbatch(cfg, _replica_jobs(spec, tmp_path)[0])
+    _wait("the replica running", lambda: _job(cfg, job)[0] == "RUNNING")
+    assert set(hostlist.expand_hostlist(_job(cfg, job)[1])) == {"node2", "node3"}
+
+
+def _submit(cfg: devcluster.DevClusterConfig, spec: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", "submit", str(spec)],
+        env={**os.environ, "SLURM_CONF": str(cfg.conf_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.slurm
+def test_submit_refuses_block_where_the_cluster_lacks_it(
+    slurm_cluster: devcluster.DevClusterConfig, tmp_path: Path
+) -> None:
+    """On the session's tree cluster: 22.05 lacks the plugin, 24.11+ is not configured for it.
+    Either way one line, exit 2, and nothing queued or written."""
+    spec = tmp_path / "block.toml"
+    run_dir = tmp_path / "run"
+    spec.write_text(
+        f'[job]\nname = "blk"\nrun_dir = "{run_dir}"\n'
+        '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\n[train]\ncommand = "true"\n'
+    )
+    before = _sh(slurm_cluster, "squeue", "-h", "-o", "%i")
+    r = _submit(slurm_cluster, spec)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "replicas.topology: got 'block'; " in lines[0], lines
+    version = _slurm_version()
+    if version[:2] < BLOCK_SINCE:
+        assert "lacks" in lines[0] and "24.05 or later" in lines[0]
+    else:
+        assert "topology/tree: the spec asks for topology/block" in lines[0]
+    assert _sh(slurm_cluster, "squeue", "-h", "-o", "%i") == before
+    assert not run_dir.exists()
