@@ -6,9 +6,18 @@ gets placeholder GPU device files so GRES scheduling is real, and nodes are grou
 switches in `topology.conf` so `--switches` placement is real too.
 
 The cluster is self-contained in one directory: its own munge key and socket, its own config,
-state, logs and pid files. `up` refuses to start over live pid files, and stops everything it
-started if any step fails; `down` stops only the daemons named by its pid files (after cancelling
-the cluster's jobs so no training processes outlive it) and deletes nothing.
+state, logs and pid files. `up` refuses to start over live daemons, and stops everything it
+started if any step fails; `down` cancels the cluster's jobs (so no training processes outlive
+it), stops this cluster's daemons and deletes nothing.
+
+Daemons are found by their pid files *and* by their command line (`-f <this slurm.conf>`,
+`--socket=<this munge socket>`): from Slurm 23.11 on, `scontrol reconfigure` restarts slurmctld
+and every slurmd under new pids, so a pid read before a reconfigure may name a process that is
+gone (or, later, someone else's). `reconfigure` waits until the restarted daemons are back.
+
+Slurmd runs the cluster's Prolog and HealthCheckProgram as root, so the directory must be root's
+alone: the default is under /var/lib (not a world-writable temp folder a local user could create
+first), and a directory not owned by root, or writable by group or others, is refused.
 
 The configuration is written by pure functions (`slurm_conf`, `gres_conf`, `topology_conf`) so it
 can be read and tested without starting anything.
@@ -17,16 +26,19 @@ can be read and tested without starting anything.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -36,7 +48,9 @@ from slurm.errors import EnvironmentProblem, InputError
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "squeue")
 CONFIG_FILE = "cluster.json"
-DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/tmp/fthsdp-devcluster"))
+DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/lib/fthsdp/devcluster"))
+#: Slurm releases from this one on restart their daemons on `scontrol reconfigure`.
+RESTARTS_ON_RECONFIGURE = (23, 11)
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,8 @@ class DevClusterConfig:
 
     @classmethod
     def load(cls, directory: Path) -> DevClusterConfig:
+        # Its pid files decide what root kills: read them only from a folder root alone controls.
+        check_directory(directory)
         path = directory / CONFIG_FILE
         if not path.exists():
             raise InputError(
@@ -126,6 +142,46 @@ class DevClusterConfig:
         data = json.loads(path.read_text())
         data["directory"] = Path(data["directory"])
         return cls(**data)
+
+
+def directory_problem(uid: int, mode: int, holds_cluster: bool) -> str | None:
+    """Why a folder with this owner and mode cannot hold (or sit above) a root-run cluster.
+
+    None means it can. A folder above the cluster's may be writable by others only with the
+    sticky bit (like /tmp): then nobody but root can rename or replace what root made in it.
+    """
+    if uid != 0:
+        return f"is owned by uid {uid}, not root"
+    if mode & 0o022 and (holds_cluster or not mode & stat.S_ISVTX):
+        return f"is writable by group or others (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse a cluster folder that someone other than root controls, or could swap."""
+    directory = directory.absolute()
+    for path in [directory, *directory.parents]:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        problem = directory_problem(st.st_uid, st.st_mode, holds_cluster=path == directory)
+        if problem:
+            raise InputError(
+                "--dir",
+                str(directory),
+                f"{path} {problem}; the dev cluster runs its files as root, so use a folder "
+                "owned by root with mode 0700",
+            )
+
+
+def make_directory(directory: Path) -> None:
+    """Create the cluster folder root-only (0700) if missing, then check it and its parents."""
+    if not directory.exists():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+    check_directory(directory)
 
 
 def _hl(names: list[str]) -> str:
@@ -266,14 +322,64 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def live_daemons(cfg: DevClusterConfig) -> dict[str, int]:
-    """Daemons of this cluster whose pid file names a live process."""
+def _option(argv: Sequence[str], flag: str) -> str | None:
+    """The value after `flag` in argv (`-f X`), or None."""
+    for k, arg in enumerate(argv[:-1]):
+        if arg == flag:
+            return argv[k + 1]
+    return None
+
+
+def daemon_name(argv: Sequence[str], cfg: DevClusterConfig) -> str | None:
+    """Which of this cluster's daemons a process with this command line is (None = not one).
+
+    `up` starts every daemon with this cluster's own config (`-f`) or munge socket, and a
+    restart by `scontrol reconfigure` keeps the command line.
+    """
+    if not argv:
+        return None
+    program = os.path.basename(argv[0])
+    if program == "munged":
+        return "munged" if f"--socket={cfg.munge_socket}" in argv else None
+    if program not in ("slurmctld", "slurmd") or _option(argv, "-f") != str(cfg.conf_path):
+        return None
+    if program == "slurmctld":
+        return "slurmctld"
+    node = _option(argv, "-N")
+    return f"slurmd {node}" if node else None
+
+
+def cluster_processes(cfg: DevClusterConfig) -> dict[int, str]:
+    """Every live process that is one of this cluster's daemons: pid -> daemon name."""
     out = {}
-    for name, path in _pid_files(cfg).items():
-        pid = _read_pid(path)
-        if pid is not None and _alive(pid):
-            out[name] = pid
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = [
+                a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")
+            ]
+        except OSError:
+            continue
+        name = daemon_name([a for a in argv if a], cfg)
+        if name and _alive(int(proc.name)):
+            out[int(proc.name)] = name
     return out
+
+
+def live_daemons(cfg: DevClusterConfig) -> dict[str, int]:
+    """This cluster's running daemons, name -> pid, found by command line (see `daemon_name`).
+
+    A pid file only breaks a tie while a restarted daemon and its predecessor both live; a pid
+    file naming a process that is not this cluster's daemon (gone, or the pid reused) is ignored.
+    """
+    out: dict[str, int] = {}
+    recorded = {name: _read_pid(path) for name, path in _pid_files(cfg).items()}
+    for pid, name in sorted(cluster_processes(cfg).items()):
+        if name not in out or recorded.get(name) == pid:
+            out[name] = pid
+    ordered = {n: out[n] for n in recorded if n in out}
+    return {**ordered, **out}
 
 
 def _port_in_use(port: int) -> bool:
@@ -331,6 +437,7 @@ def preflight(cfg: DevClusterConfig) -> None:
     problems = missing_prerequisites()
     if problems:
         raise EnvironmentProblem("; ".join(problems))
+    make_directory(cfg.directory)
     live = live_daemons(cfg)
     if live:
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -579,45 +686,96 @@ def _all_idle(cfg: DevClusterConfig) -> bool:
     return len(states) == cfg.nodes and all(s == "idle" for s in states.values())
 
 
+@functools.cache
+def slurm_release() -> tuple[int, int]:
+    """The installed Slurm's (major, minor), from `slurmd -V` (read once per process)."""
+    r = subprocess.run(
+        [_binary("slurmd"), "-V"], capture_output=True, text=True, timeout=30, check=False
+    )
+    m = re.search(r"\b(\d{2})\.(\d{2})\.\d+", r.stdout + r.stderr)
+    if not m:
+        raise EnvironmentProblem(f"slurmd -V printed no version: {(r.stdout + r.stderr).strip()!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def restarted(
+    before: Mapping[str, int], now: Mapping[str, int], recorded: Mapping[str, int | None]
+) -> bool:
+    """Whether every Slurm daemon in `before` runs again under a new pid, with no predecessor
+    left and its pid file naming the new process (what a 23.11+ reconfigure ends in)."""
+    for name, old in before.items():
+        if name == "munged":
+            continue
+        if now.get(name) in (None, old) or recorded.get(name) != now[name]:
+            return False
+    return True
+
+
 def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
-    """Rewrite slurm.conf with `changes` (e.g. prolog=...) and tell slurmctld and slurmds."""
+    """Rewrite slurm.conf with `changes` (e.g. prolog=...) and tell slurmctld and slurmds.
+
+    Returns once the daemons run the new config: on 23.11 and later they restart under new pids,
+    which is waited for (every old daemon gone, its successor in the pid file).
+    """
     new = replace(cfg, **changes)  # type: ignore[arg-type]
     write_files(new)
+    before = live_daemons(new)
     r = _run(["scontrol", "reconfigure"], new)
     if r.returncode != 0:
         raise EnvironmentProblem(f"scontrol reconfigure failed: {r.stderr.strip()}")
+    if slurm_release() >= RESTARTS_ON_RECONFIGURE:
+
+        def done() -> bool:
+            now = live_daemons(new)
+            old_left = set(before.values()) & set(cluster_processes(new)) - {before.get("munged")}
+            recorded = {name: _read_pid(path) for name, path in _pid_files(new).items()}
+            return not old_left and restarted(before, now, recorded)
+
+        _wait_for(done, 60, "the daemons that scontrol reconfigure restarts")
+    _wait_for(lambda: bool(node_states(new)), 30, "slurmctld to answer after reconfigure")
     return new
 
 
 def down(cfg: DevClusterConfig, grace: float = 10) -> list[str]:
-    """Cancel the cluster's jobs, then stop the daemons named by its pid files.
+    """Cancel the cluster's jobs, then stop every daemon of this cluster (see `live_daemons`).
 
-    Returns the names of daemons that were stopped. Deletes no files.
+    Daemons are looked up again until none is left, so one restarted by a reconfigure in flight
+    is stopped too; munged goes last. Returns the names of daemons that were stopped; raises
+    EnvironmentProblem naming any that survived SIGKILL. Deletes no files.
     """
-    live = live_daemons(cfg)
-    if "slurmctld" in live:
+    if "slurmctld" in live_daemons(cfg):
         with contextlib.suppress(subprocess.TimeoutExpired):
             _run(["scancel", "--full", "--quiet", "--user=root"], cfg, timeout=10)
             _wait_for_no_jobs(cfg, 8)
-    order = [n for n in live if n.startswith("slurmd")] + ["slurmctld", "munged"]
-    stopped = []
-    for name in order:
-        pid = live.get(name)
-        if pid is None:
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        stopped.append(name)
-    deadline = time.monotonic() + grace
-    for name in stopped:
-        pid = live[name]
-        while _alive(pid) and time.monotonic() < deadline:
+    stopped: list[str] = []
+    for munge in (False, True):
+        signalled: dict[int, float] = {}
+        deadline = time.monotonic() + grace + 20
+        while True:
+            procs = {p: n for p, n in cluster_processes(cfg).items() if (n == "munged") == munge}
+            if not procs:
+                break
+            now = time.monotonic()
+            if now > deadline:
+                left = ", ".join(f"{n} (pid {p})" for p, n in sorted(procs.items()))
+                raise EnvironmentProblem(f"{cfg.directory}: could not stop {left}")
+            for pid, name in procs.items():
+                if pid not in signalled:
+                    _signal(pid, signal.SIGTERM)
+                    signalled[pid] = now
+                    if name not in stopped:
+                        stopped.append(name)
+                elif now - signalled[pid] > grace:
+                    _signal(pid, signal.SIGKILL)
             time.sleep(0.1)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
     _kill_orphan_steps(cfg)
-    return stopped
+    slurmds = [n for n in stopped if n.startswith("slurmd ")]
+    return slurmds + [n for n in ("slurmctld", "munged") if n in stopped]
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def _wait_for_no_jobs(cfg: DevClusterConfig, timeout: float) -> None:

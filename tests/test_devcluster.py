@@ -294,3 +294,202 @@ def test_het_job_components_each_land_under_one_switch(
     assert set(hostlist.expand_hostlist(values["G0"])).isdisjoint(
         hostlist.expand_hostlist(values["G1"])
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the cluster's daemons across restarts, and stopping all of them
+
+
+def _cfg(directory: str = "/c") -> DevClusterConfig:
+    return DevClusterConfig(directory=Path(directory), nodes=2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["/usr/sbin/slurmctld", "-c", "-f", "/c/etc/slurm.conf"], "slurmctld"),
+        (["slurmctld", "-f", "/c/etc/slurm.conf"], "slurmctld"),
+        (["/usr/sbin/slurmd", "-N", "node2", "-f", "/c/etc/slurm.conf"], "slurmd node2"),
+        (["/usr/sbin/slurmd", "-f", "/c/etc/slurm.conf"], None),  # no node name
+        (["/usr/sbin/slurmd", "-N", "node2", "-f", "/other/etc/slurm.conf"], None),
+        (["/usr/sbin/slurmctld"], None),  # the site's own slurmctld
+        (["/usr/sbin/munged", "--force", "--socket=/c/munge/munge.socket"], "munged"),
+        (["/usr/sbin/munged", "--socket=/other/munge/munge.socket"], None),
+        (["/usr/bin/vim", "-f", "/c/etc/slurm.conf"], None),
+        ([], None),
+    ],
+)
+def test_daemon_name_recognises_only_this_clusters_daemons(
+    argv: list[str], name: str | None
+) -> None:
+    assert devcluster.daemon_name(argv, _cfg()) == name
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "recorded", "done"),
+    [
+        ({"munged": 1, "slurmctld": 2, "slurmd node1": 3}, {"munged": 1, "slurmctld": 5,
+         "slurmd node1": 6}, {"slurmctld": 5, "slurmd node1": 6}, True),
+        # slurmd not restarted yet
+        ({"slurmctld": 2, "slurmd node1": 3}, {"slurmctld": 5, "slurmd node1": 3},
+         {"slurmctld": 5, "slurmd node1": 3}, False),
+        # restarted, but its pid file still names the old process
+        ({"slurmctld": 2}, {"slurmctld": 5}, {"slurmctld": 2}, False),
+        # gone and not back
+        ({"slurmctld": 2, "slurmd node1": 3}, {"slurmctld": 5}, {"slurmctld": 5}, False),
+        # munged is never restarted by Slurm
+        ({"munged": 1}, {"munged": 1}, {}, True),
+    ],
+)  # fmt: skip
+def test_restarted_needs_new_pids_recorded_in_pid_files(
+    before: dict[str, int], now: dict[str, int], recorded: dict[str, int], done: bool
+) -> None:
+    assert devcluster.restarted(before, now, recorded) is done
+
+
+def _processes_of(cfg: DevClusterConfig) -> list[str]:
+    """Every process that mentions the cluster's folder in its command line or environment,
+    found without the module's own lookup (so the test checks it rather than repeats it)."""
+    found = []
+    marker = str(cfg.directory).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (marker in cmdline or marker in environ):
+            shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {shown}")
+    return found
+
+
+def _job_state(cfg: DevClusterConfig, job: str, want: str, timeout: float) -> str:
+    """The job's state once it is `want`, or whatever it is when `timeout` runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        q = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"],
+            capture_output=True, text=True, env=cfg.env(), timeout=30,
+        )  # fmt: skip
+        state = q.stdout.strip()
+        if state == want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.25)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_reconfigure_follows_restarted_daemons_and_down_leaves_nothing(tmp_path: Path) -> None:
+    from tests.conftest import _require_slurm
+
+    _require_slurm()
+    base = _free_block(4)
+    cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
+    try:
+        devcluster.up(cfg)
+        job = subprocess.run(
+            ["sbatch", "--parsable", "-N1", f"--output={tmp_path}/job.out", "--wrap", "sleep 300"],
+            capture_output=True, text=True, env=cfg.env(), timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert _job_state(cfg, job, "RUNNING", 60) == "RUNNING"
+        before = devcluster.live_daemons(cfg)
+        assert set(before) == {"munged", "slurmctld", "slurmd node1", "slurmd node2"}
+        cfg = devcluster.reconfigure(cfg, prolog_epilog_timeout=61)
+        after = devcluster.live_daemons(cfg)
+        assert set(after) == set(before)
+        for name, path in devcluster._pid_files(cfg).items():
+            assert devcluster._read_pid(path) == after[name], name
+        if devcluster.slurm_release() >= devcluster.RESTARTS_ON_RECONFIGURE:
+            assert after["slurmctld"] != before["slurmctld"]
+            assert after["slurmd node1"] != before["slurmd node1"]
+            old = set(before.values()) - {before["munged"]}
+            assert not old & set(devcluster.cluster_processes(cfg))  # predecessors are gone
+        else:
+            assert after == before
+        assert _job_state(cfg, job, "RUNNING", 0) == "RUNNING"  # the job survived the restart
+        stopped = devcluster.down(cfg)
+        assert set(stopped) == set(before)
+        assert _processes_of(cfg) == []
+        # Down while a reconfigure is still restarting the daemons (no wait in between).
+        devcluster.up(cfg)
+        r = subprocess.run(["scontrol", "reconfigure"], env=cfg.env(), timeout=30, check=False)
+        assert r.returncode == 0
+        devcluster.down(cfg)
+        assert _processes_of(cfg) == []
+        assert devcluster.live_daemons(cfg) == {}
+    finally:
+        devcluster.down(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster's folder is root's alone
+
+
+@pytest.mark.parametrize(
+    ("uid", "mode", "holds", "problem"),
+    [
+        (0, 0o40700, True, None),
+        (0, 0o40755, True, None),
+        (1000, 0o40700, True, "owned by uid 1000"),
+        (0, 0o40770, True, "writable by group or others (mode 0770)"),
+        (0, 0o41777, True, "writable by group or others (mode 1777)"),  # sticky is no excuse
+        (0, 0o41777, False, None),  # like /tmp above the folder
+        (0, 0o40777, False, "writable by group or others (mode 0777)"),
+        (0, 0o40757, False, "writable by group or others"),
+        (1000, 0o40755, False, "owned by uid 1000"),
+    ],
+)
+def test_directory_problem_table(uid: int, mode: int, holds: bool, problem: str | None) -> None:
+    found = devcluster.directory_problem(uid, mode, holds_cluster=holds)
+    assert found is None if problem is None else problem in (found or "")
+
+
+def test_default_folder_is_root_only_and_not_in_a_temp_folder() -> None:
+    code = "from slurm import devcluster; print(devcluster.DEFAULT_DIR)"
+    env = {k: v for k, v in os.environ.items() if k != "FTHSDP_CLUSTER_DIR"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
+    assert r.stdout.strip() == "/var/lib/fthsdp/devcluster"
+
+
+def test_make_directory_creates_it_0700(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the folder check wants root as owner")
+    target = tmp_path / "a" / "devcluster"
+    devcluster.make_directory(target)
+    assert target.stat().st_mode & 0o777 == 0o700
+    devcluster.make_directory(target)  # an existing good folder is fine
+
+
+@pytest.mark.parametrize("how", ["chown", "chmod", "parent", "env"])
+def test_cli_refuses_a_folder_someone_else_controls(tmp_path: Path, how: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder away")
+    target = tmp_path / "c"
+    target.mkdir(mode=0o700)
+    bad = target
+    if how == "chown":
+        os.chown(target, 65534, 65534)
+    elif how == "chmod":
+        target.chmod(0o777)
+    elif how == "parent":
+        tmp_path.chmod(0o777)  # anyone could rename c and put their own in its place
+        bad = tmp_path
+    args = [] if how == "env" else ["--dir", str(target)]
+    env = {"FTHSDP_CLUSTER_DIR": str(target)} if how == "env" else None
+    if how == "env":
+        os.chown(target, 65534, 65534)
+    try:
+        for command in (["cluster", "up", *args, "--nodes", "1"], ["cluster", "down", *args]):
+            r = _cli(*command, env=env)
+            assert r.returncode == 2, (command, r.stderr)
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and str(bad) in lines[0] and "root" in lines[0], lines
+        assert not (target / "etc").exists()
+    finally:
+        tmp_path.chmod(0o700)
