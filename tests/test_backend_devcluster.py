@@ -125,3 +125,16 @@ def test_a_cancelled_job_is_still_seen(slurm_cluster: DevClusterConfig, tmp_path
     assert states == {job_id: "CANCELLED"}
     time.sleep(2)
     assert {j.job_id: j.state for j in backend.jobs([job_id])} == {job_id: "CANCELLED"}
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(60)
+def test_rendezvous_address_comes_from_slurm(slurm_cluster: DevClusterConfig) -> None:
+    """The worker's MASTER_ADDR for a node name that does not resolve: Slurm's NodeAddr."""
+    from runtime import rendezvous
+
+    assert rendezvous._slurm_node_address("node1") == "127.0.0.1"
+    expected = "node1" if rendezvous.resolves("node1") else "127.0.0.1"
+    assert rendezvous.node_address("node1") == expected
+    with pytest.raises(rendezvous.RendezvousError, match="no record of node node9"):
+        rendezvous._slurm_node_address("node9")
