@@ -30,7 +30,7 @@ import pytest
 from control_harness import ControlProcess, install_fake_slurm, wait_for
 from test_control_security import RecordingBackend
 
-from benchmarks.control_attack import attack_round, raise_nofile, start_control
+from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.guard import GuardConfig
 from runtime.control.journal import Journal
@@ -233,10 +233,9 @@ def test_a_flood_neither_starves_a_signed_report_nor_grows_the_journal(tmp_path:
     raise_nofile()
     proc, url, secret = start_control(tmp_path)
     try:
-        db = tmp_path / "run" / "control.sqlite"
-        before = _rows(db)
+        before = journal_rows(tmp_path / "run")
         out = asyncio.run(attack_round(url, secret, 1))
-        after = _rows(db)
+        after = journal_rows(tmp_path / "run")
     finally:
         proc.stop()
     assert out["legit_statuses"] == [200] * 5
@@ -246,17 +245,6 @@ def test_a_flood_neither_starves_a_signed_report_nor_grows_the_journal(tmp_path:
     assert after["events"] - before["events"] == 5
     assert after["nonces"] - before["nonces"] == 5
     assert after["rejections"] == before["rejections"] == 0
-
-
-def _rows(db: Path) -> dict[str, int]:
-    conn = sqlite3.connect(db)
-    try:
-        return {
-            t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-            for t in ("events", "nonces", "rejections")
-        }
-    finally:
-        conn.close()
 
 
 # -- bad journal records ---------------------------------------------------------------------
@@ -299,9 +287,15 @@ async def _read_views(run_dir: Path) -> dict[str, Any]:
                 state = (resp.status, await resp.json())
             async with http.get(running.url + "/metrics") as resp:
                 metrics = (resp.status, await resp.text())
+        # What `fthsdp status` asks: the signed client reading control.json.
+        from runtime.control.client import fetch_state
+        from runtime.control.coordinator import write_control_file
+
+        write_control_file(run_dir, {"coordinator": running.url})
+        status = await asyncio.get_running_loop().run_in_executor(None, fetch_state, run_dir)
     finally:
         await running.close()
-    return {"state": state, "metrics": metrics}
+    return {"state": state, "metrics": metrics, "status": status}
 
 
 @pytest.mark.timeout(60)
@@ -314,9 +308,9 @@ def test_a_bad_record_is_skipped_with_one_log_line(
     assert out["state"][0] == 200
     assert [r["quorum_id"] for r in out["state"][1]["replicas"]] == [-1, -1]
     assert out["metrics"][0] == 200 and "fthsdp_run_quorum_id" in out["metrics"][1]
+    assert out["status"] is not None and len(out["status"]["replicas"]) == 2
     skipped = [r for r in caplog.records if "skipping unreadable event" in r.getMessage()]
     assert len(skipped) == 1
-    # fthsdp status's view of the coordinator (the signed client) reads the state too.
     from runtime.control.client import journal_entries
 
     assert any("unreadable record" in e.text for e in journal_entries(tmp_path))
