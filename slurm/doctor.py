@@ -230,6 +230,23 @@ def check_topology(cfg: SlurmConfig, required: str | None) -> Finding:
     )
 
 
+def check_segment(spec: JobSpec, base_blocks: Mapping[str, int]) -> Finding:
+    """Each `--segment` of a replica must fit in one base block (sbatch(1)); 24.11's sbatch
+    refuses a larger one, 26.05 takes it, and then no segment is inside one block."""
+    segment = spec.replicas.segment_option
+    if not base_blocks:
+        return Finding("segment", "fail", "scontrol show topology lists no blocks")
+    smallest = min(base_blocks.values())
+    if segment is not None and segment <= smallest:
+        return Finding("segment", "pass", f"--segment={segment} fits a base block of {smallest}")
+    return Finding(
+        "segment",
+        "fail",
+        f"--segment={segment} exceeds the base block size {smallest}: set replicas.segment to "
+        f"a divisor of replicas.nodes={spec.replicas.nodes} that is at most {smallest}",
+    )
+
+
 def check_min_job_age(cfg: SlurmConfig) -> Finding:
     if (missing := _missing(cfg, "MinJobAge")) is not None:
         return missing
@@ -305,8 +322,10 @@ def run_checks(
     cfg: SlurmConfig,
     spec: JobSpec | None = None,
     partitions: Mapping[str, Partition] | None = None,
+    base_blocks: Mapping[str, int] | None = None,
 ) -> list[Finding]:
-    """Every check, in the order an operator would fix them. Partitions need the spec."""
+    """Every check, in the order an operator would fix them. Partitions and blocks need the
+    spec (blocks: `scontrol show topology`, read only when the spec asks for block)."""
     findings = [
         check_version(cfg),
         check_requeue(cfg),
@@ -323,9 +342,20 @@ def run_checks(
         check_min_job_age(cfg),
         check_gres(cfg, spec),
     ]
+    if spec is not None and base_blocks is not None:
+        findings.append(check_segment(spec, base_blocks))
     if spec is not None and partitions is not None:
         findings += check_partitions(spec, partitions)
     return findings
+
+
+def wants_blocks(cfg: SlurmConfig, spec: JobSpec | None) -> bool:
+    """Whether the segment check applies: a block spec on a cluster running topology/block."""
+    return (
+        spec is not None
+        and spec.replicas.required_topology == "block"
+        and check_topology(cfg, "block").status == "pass"
+    )
 
 
 def exit_code(findings: Iterable[Finding]) -> int:

@@ -1,11 +1,12 @@
-"""What a cluster's Slurm says about itself: version, slurm.conf settings, partitions.
+"""What a cluster's Slurm says about itself: version, slurm.conf settings, partitions, blocks.
 
 `fthsdp doctor` and the submit-time topology check need the settings slurmctld actually runs
 with, not a guess from a file on the login node, so they read `scontrol show config` (one
-`Key = value` line per setting, a format unchanged from 22.05 to 26.05) and `scontrol show
-partition --oneliner`. Parsing is pure and kept apart from the two small readers. Settings
-that may be given several times print as `Prolog[0] = ...` from 24.11 on (and not at all when
-unset); they are folded into one comma list under the plain name.
+`Key = value` line per setting, a format unchanged from 22.05 to 26.05), `scontrol show
+partition --oneliner` and, for block topology, `scontrol show topology`. Parsing is pure and
+kept apart from the small readers. Settings that may be given several times print as
+`Prolog[0] = ...` from 24.11 on (and not at all when unset); they are folded into one comma
+list under the plain name.
 
 Fail safe: text that does not look like the output we know (no `Configuration data as of`
 header, no `SLURM_VERSION`) raises `UnrecognisedOutput` naming the command and the version,
@@ -24,6 +25,7 @@ from slurm.errors import EnvironmentProblem
 
 SHOW_CONFIG = ("scontrol", "show", "config")
 SHOW_PARTITIONS = ("scontrol", "show", "partition", "--oneliner")
+SHOW_TOPOLOGY = ("scontrol", "show", "topology")
 _HEADER = "Configuration data as of"
 _LINE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)\s*=\s?(?P<value>.*)$")
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -131,6 +133,25 @@ def parse_partitions(text: str, version: str) -> dict[str, Partition]:
     return out
 
 
+def parse_base_blocks(text: str, version: str) -> dict[str, int]:
+    """`scontrol show topology` under topology/block -> base block name -> its BlockSize.
+
+    24.11 and 26.05 print `BlockName=b1 BlockIndex=0 Nodes=node[1-2] BlockSize=2` per base block
+    and `AggregatedBlock=...` lines for the higher levels; a tree prints `SwitchName=` lines
+    (no blocks: empty).
+    """
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        pairs = {m.group("key"): m.group("value") for m in _PAIR.finditer(line)}
+        if "BlockName" not in pairs:
+            continue
+        size = pairs.get("BlockSize", "")
+        if not size.isdigit():
+            raise UnrecognisedOutput(SHOW_TOPOLOGY, version, f"no BlockSize in {line[:60]!r}")
+        out[pairs["BlockName"]] = int(size)
+    return out
+
+
 def _scontrol(argv: tuple[str, ...], timeout: float) -> str:
     try:
         r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
@@ -151,3 +172,7 @@ def read_config(timeout: float = 30) -> SlurmConfig:
 
 def read_partitions(version: str, timeout: float = 30) -> dict[str, Partition]:
     return parse_partitions(_scontrol(SHOW_PARTITIONS, timeout), version)
+
+
+def read_base_blocks(version: str, timeout: float = 30) -> dict[str, int]:
+    return parse_base_blocks(_scontrol(SHOW_TOPOLOGY, timeout), version)

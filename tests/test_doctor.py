@@ -21,6 +21,7 @@ import pytest
 from slurm import devcluster
 from slurm.doctor import (
     Finding,
+    check_segment,
     check_topology,
     exit_code,
     require_topology_support,
@@ -31,6 +32,7 @@ from slurm.errors import InputError
 from slurm.slurm_config import (
     SlurmConfig,
     UnrecognisedOutput,
+    parse_base_blocks,
     parse_partitions,
     parse_show_config,
     parse_version,
@@ -310,6 +312,32 @@ def test_block_topology_by_release() -> None:
     assert (tree.status, tree.fix) == ("fail", "TopologyPlugin=topology/block")
     block = check_topology(_changed(new, TopologyPlugin="topology/block"), "block")
     assert block.status == "pass"
+
+
+@pytest.mark.parametrize("release", ["24.11.5", "26.05.5"])
+def test_base_blocks(release: str) -> None:
+    text = (CAPTURES / f"show-topology-{release}-block.txt").read_text()
+    assert parse_base_blocks(text, release) == {"b1": 2, "b2": 2}
+    tree = "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=node[1-2]\n"
+    assert parse_base_blocks(tree, release) == {}
+    with pytest.raises(UnrecognisedOutput, match=r"show topology \(Slurm 30.05.1\)"):
+        parse_base_blocks("BlockName=b1 Nodes=node[1-2] Size=2\n", "30.05.1")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "blocks", "status"),
+    [
+        ({"nodes": 2}, {"b1": 2, "b2": 2}, "pass"),
+        ({"nodes": 4, "segment": 2}, {"b1": 2, "b2": 2}, "pass"),
+        ({"nodes": 4}, {"b1": 2, "b2": 2}, "fail"),
+        ({"nodes": 36, "segment": 18}, {"rack1": 18, "rack2": 18}, "pass"),
+        ({"nodes": 2}, {}, "fail"),
+    ],
+)
+def test_segment_fits_a_base_block(
+    replicas: dict[str, object], blocks: dict[str, int], status: str
+) -> None:
+    assert check_segment(_spec(topology="block", **replicas), blocks).status == status
 
 
 def test_partitions_of_a_spec() -> None:

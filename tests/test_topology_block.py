@@ -8,6 +8,7 @@ runs in the 24.11 and 26.05 chroots (`python -m slurm.release_chroot run --versi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -193,6 +194,18 @@ def _fill(cfg: devcluster.DevClusterConfig, node: str) -> str:
     return job
 
 
+def _fthsdp(cfg: devcluster.DevClusterConfig, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", *args],
+        env={**os.environ, "SLURM_CONF": str(cfg.conf_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+
+
 @pytest.mark.slurm
 def test_each_replica_lands_inside_one_block(
     cluster: Callable[[str], devcluster.DevClusterConfig], tmp_path: Path
@@ -246,16 +259,26 @@ def test_without_block_topology_the_same_replica_spans_switches(
     assert set(hostlist.expand_hostlist(_job(cfg, job)[1])) == {"node2", "node3"}
 
 
-def _submit(cfg: devcluster.DevClusterConfig, spec: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fthsdp_cli", "submit", str(spec)],
-        env={**os.environ, "SLURM_CONF": str(cfg.conf_path)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-    )
+@pytest.mark.slurm
+def test_doctor_checks_the_segment_against_the_blocks(
+    cluster: Callable[[str], devcluster.DevClusterConfig], tmp_path: Path
+) -> None:
+    _require_block()
+    cfg = cluster("block")
+    spec = tmp_path / "block.toml"
+    # The plain dev cluster has no fthsdp hooks: Prolog and PrologFlags fail on both runs.
+    hooks = {"Prolog", "PrologFlags"}
+    for nodes, fails in ((2, hooks), (4, {*hooks, "segment"})):
+        spec.write_text(
+            '[job]\nname = "blk"\nrun_dir = "/tmp/blk"\npartition = "gpu"\n'
+            f'[replicas]\ncount = 2\nnodes = {nodes}\ntopology = "block"\n'
+            '[train]\ncommand = "true"\n'
+        )
+        r = _fthsdp(cfg, "doctor", "--json", "--spec", str(spec))
+        assert r.returncode == 1, r.stdout + r.stderr
+        found = {f["check"]: f["status"] for f in json.loads(r.stdout)["findings"]}
+        assert {k for k, v in found.items() if v == "fail"} == fails, found
+        assert found["TopologyPlugin"] == "pass" and "segment" in found
 
 
 @pytest.mark.slurm
@@ -271,7 +294,7 @@ def test_submit_refuses_block_where_the_cluster_lacks_it(
         '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\n[train]\ncommand = "true"\n'
     )
     before = _sh(slurm_cluster, "squeue", "-h", "-o", "%i")
-    r = _submit(slurm_cluster, spec)
+    r = _fthsdp(slurm_cluster, "submit", str(spec))
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "replicas.topology: got 'block'; " in lines[0], lines
