@@ -214,12 +214,12 @@ def slurm_conf(cfg: DevClusterConfig) -> str:
         f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
+        # TaskPlugin, MpiDefault, SwitchType, AccountingStorageType, JobAcctGatherType and
+        # JobCompType stay unset: their 22.05 defaults are the "none" plugins, which 23.x dropped
+        # (24.11 and 26.05 document them as "unset by default" and ship no */none plugins).
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "MpiDefault=none",
-        "SwitchType=switch/none",
         f"TopologyPlugin=topology/{cfg.topology}",
         "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
@@ -233,9 +233,6 @@ def slurm_conf(cfg: DevClusterConfig) -> str:
         "MinJobAge=600",
         "SchedulerType=sched/backfill",
         f"SchedulerParameters={','.join(sched)}",
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/none",
         f"PrologEpilogTimeout={cfg.prolog_epilog_timeout}",
     ]
     if cfg.prolog:
