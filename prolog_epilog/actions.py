@@ -2,9 +2,20 @@
 
 `decide` is the pure policy (tested by tables): drain a node that fails unless an administrator
 drained it for another reason; in HealthCheckProgram mode resume a node only when it is drained
-with our `fthsdp:` prefix and has passed `resume_after_passes` runs in a row. `apply` carries the
-decision out through `slurm.backend.CommandBackend`, whose own `drain`/`resume` re-check
+with our `fthsdp:` prefix, has passed `resume_after_passes` runs in a row and fthsdp's prolog did
+not fail on it moments ago. `apply` carries the decision out through
+`slurm.backend.CommandBackend`, whose own `drain`/`resume` re-read the node and re-check
 ownership of the reason, so a race with an administrator cannot overwrite their reason.
+
+What a job may ask for is narrow: `requested_checks` keeps only the names on the operator's
+allow-list, and `split_verdict` lets such a check drain the node only when it finds a fault; its
+errors (a tool missing, a timeout) are the job's problem (`fail_job`), never the node's.
+
+Slurm drains a node whose prolog exited non-zero with the reason `Prolog error`, unless the
+node is already drained (DESIGN.md fact 3). The prolog drains with an `fthsdp:` reason before it
+exits, and records its failure in the root-owned state_dir; when that drain could not be made
+(slurmctld unreachable, the hook's hard deadline), `claim_prolog_error` renames the following
+`Prolog error` to an `fthsdp:` reason, so fthsdp resumes the node once it passes again.
 
 The epilog clean-up kills what the finished job's user left running on that job's GPUs and, when
 the user has nothing else running on the node, removes their files from /dev/shm.
@@ -13,19 +24,23 @@ the user has nothing else running on the node, removes their files from /dev/shm
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from prolog_epilog.checks.base import CheckResult
 from prolog_epilog.gpu_source import GpuSource
 from prolog_epilog.records import GpuProcess, normalize_bus
-from prolog_epilog.runner import SuiteResult
-from slurm.backend import DRAIN_PREFIX, CommandBackend, NodeInfo, SlurmCommandError
+from prolog_epilog.runner import SuiteResult, verdict
+from slurm.backend import DRAIN_PREFIX, CommandBackend, NodeInfo, SlurmCommandError, drain_reason
 
 log = logging.getLogger("fthsdp.health")
 
@@ -44,8 +59,10 @@ def decide(
     passes: int,
     resume_after: int,
     drain_enabled: bool = True,
+    hold: str | None = None,
 ) -> Decision:
-    """The node action for one run. `passes` counts consecutive healthy runs including this one."""
+    """The node action for one run. `passes` counts consecutive healthy runs including this one;
+    `hold` (why not now) keeps a node drained that would otherwise be resumed."""
     drained = node is not None and node.drained
     ours = node is not None and node.drained_by_us
     if not suite.healthy:
@@ -64,6 +81,8 @@ def decide(
         return Decision("none", "healthy; admin drain left alone")
     if passes < resume_after:
         return Decision("none", f"healthy {passes}/{resume_after} before resume")
+    if hold:
+        return Decision("none", f"healthy; not resumed yet: {hold}")
     return Decision("resume", f"healthy {passes} time(s) in a row")
 
 
@@ -89,6 +108,93 @@ def job_requested_checks(comment: str) -> list[str]:
     """Checks named in a job comment `fthsdp-health:a,b` (other comment text is ignored)."""
     m = re.search(r"fthsdp-health:([\w,\-]+)", comment or "")
     return [c for c in m.group(1).split(",") if c] if m else []
+
+
+def requested_checks(
+    asked: Sequence[str], allowed: Sequence[str], suite: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """(checks to add to the suite, names refused) for what a job asked for: only names on the
+    operator's allow-list are added; what the suite already runs stays the operator's check."""
+    added: list[str] = []
+    refused: list[str] = []
+    for raw in asked:
+        name = raw.strip()
+        if not name or name in suite or name in added:
+            continue
+        (added if name in allowed else refused).append(name)
+    return added, sorted(set(refused))
+
+
+def split_verdict(
+    suite: SuiteResult, requested: Sequence[str], on_error: str
+) -> tuple[SuiteResult, list[CheckResult]]:
+    """(the node's verdict, the job's errored checks). A check only the job asked for counts
+    against the node when it fails (a fault found), never when it errors: a tool missing or a
+    timeout is not a fault of the node, and a job user must not be able to drain it that way."""
+    asked = set(requested)
+    node_checks = [c for c in suite.checks if c.name not in asked or c.status == "fail"]
+    healthy, reason = verdict(node_checks, on_error)
+    job_errors = [c for c in suite.checks if c.name in asked and c.status == "error"]
+    return dataclasses.replace(suite, healthy=healthy, drain_reason=reason), job_errors
+
+
+#: The reason Slurm gives a node whose prolog exited non-zero (when it was not drained yet).
+PROLOG_ERROR = "Prolog error"
+
+
+def prolog_failure(state: dict[str, Any] | None, now: float) -> float | None:
+    """Seconds since fthsdp's prolog last failed on this node (None if never, or unreadable)."""
+    if not isinstance(state, dict):
+        return None
+    at = state.get("at")
+    if not isinstance(at, int | float) or isinstance(at, bool) or at > now:
+        return None
+    return now - float(at)
+
+
+def claimable(node: NodeInfo | None, since_failure: float | None, window: float) -> bool:
+    """A `Prolog error` drain that follows a recorded failure of fthsdp's prolog is ours."""
+    return (
+        node is not None
+        and node.drained
+        and node.reason == PROLOG_ERROR
+        and since_failure is not None
+        and since_failure <= window
+    )
+
+
+def claim_prolog_error(node: str, detail: str, backend: CommandBackend) -> bool:
+    """Rename a `Prolog error` drain of `node` to an `fthsdp:` reason, re-reading the node right
+    before (any other reason is left as is); True when renamed. Never raises for Slurm."""
+    reason = drain_reason("prolog", detail)
+    try:
+        current = backend.node(node)
+        if not (current.drained and current.reason == PROLOG_ERROR):
+            return False
+        backend._update_node(node, "DRAIN", reason)
+    except SlurmCommandError as exc:
+        log.error("could not take over the Prolog error drain of %s: %s", node, exc)
+        return False
+    log.warning("drain %s: %r follows fthsdp's prolog failure; now %r", node, PROLOG_ERROR, reason)
+    return True
+
+
+def fail_job(job_id: str, why: str, backend: CommandBackend) -> bool:
+    """Cancel one job (its own check could not run), saying why in its AdminComment; the node is
+    left in service. True when cancelled. Never raises for Slurm."""
+    if not job_id.isdigit():
+        log.error("not cancelling job %r: not a job id", job_id)
+        return False
+    note = f"fthsdp: {why}".replace("\n", " ").replace('"', "'")[:200]
+    with contextlib.suppress(SlurmCommandError):
+        backend._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={note}"])
+    try:
+        backend.cancel([job_id])
+    except SlurmCommandError as exc:
+        log.error("could not cancel job %s: %s", job_id, exc)
+        return False
+    log.warning("cancelled job %s: %s (node stays in service)", job_id, why)
+    return True
 
 
 def job_comment(job_id: str, backend: CommandBackend) -> str:
@@ -205,4 +311,18 @@ def epilog_cleanup(
     return report
 
 
-__all__ = ["DRAIN_PREFIX", "Decision", "apply", "decide", "epilog_cleanup", "job_requested_checks"]
+__all__ = [
+    "DRAIN_PREFIX",
+    "PROLOG_ERROR",
+    "Decision",
+    "apply",
+    "claim_prolog_error",
+    "claimable",
+    "decide",
+    "epilog_cleanup",
+    "fail_job",
+    "job_requested_checks",
+    "prolog_failure",
+    "requested_checks",
+    "split_verdict",
+]

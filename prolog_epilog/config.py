@@ -32,6 +32,8 @@ CHECK_NAMES = (
     "disk",
 )
 GPU_SOURCES = ("auto", "nvml", "nvidia-smi")
+#: What a job-requested check that errored does to that job (never to the node).
+JOB_CHECK_ERRORS = ("cancel", "ignore")
 _PATH_KEYS = (
     "nvidia_smi",
     "dcgmi",
@@ -150,6 +152,21 @@ def validate(table: dict[str, Any]) -> None:
         )
     if g["on_error"] not in ("fail", "warn"):
         raise InputError("general.on_error", g["on_error"], "allowed: fail, warn")
+    a = table["actions"]
+    for name in a["job_checks_allowed"]:
+        if name not in CHECK_NAMES:
+            raise InputError(
+                "actions.job_checks_allowed", name, f"allowed: {', '.join(CHECK_NAMES)}"
+            )
+    if a["job_check_error"] not in JOB_CHECK_ERRORS:
+        raise InputError(
+            "actions.job_check_error",
+            a["job_check_error"],
+            f"allowed: {', '.join(JOB_CHECK_ERRORS)}",
+        )
+    for key in ("lock_timeout_s", "prolog_failure_hold_s", "prolog_error_claim_s"):
+        if not 0 <= a[key] < float("inf") or (key == "lock_timeout_s" and a[key] <= 0):
+            raise InputError(f"actions.{key}", a[key], "a number of seconds (> 0 for the lock)")
     if g["total_budget_s"] <= 0 or g["timeout_s"] <= 0:
         raise InputError("general.total_budget_s", g["total_budget_s"], "must be > 0")
     if table["checks"]["ecc"]["ecc_disabled"] not in ("fail", "warn"):

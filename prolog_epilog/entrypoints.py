@@ -6,11 +6,18 @@ slurm.conf names programs, not Python functions, so each mode is a console scrip
 as root with its own environment, which lacks any virtualenv).
 
 What each mode does:
-- prolog: run the suite (plus checks the job asks for in its comment `fthsdp-health:a,b`); on
-  failure drain the node with an `fthsdp:` reason, then exit 1 so Slurm requeues the job.
+- prolog: run the suite (plus the checks the job asks for in its comment `fthsdp-health:a,b` that
+  the operator allows in `actions.job_checks_allowed`); on failure drain the node with an
+  `fthsdp:` reason, record the failure in state_dir, then exit 1 so Slurm requeues the job. A
+  check only the job asked for that errors fails that job (cancelled), never the node.
 - epilog: kill the finished job's stray GPU processes, clear its user's /dev/shm, re-check
   (default gpu-count, ecc, xid) so a job that broke a GPU drains the node.
-- healthcheck: run the suite; drain on failure; resume a node we drained once it passes.
+- healthcheck: run the suite; drain on failure; resume a node we drained once it passes (not
+  within `prolog_failure_hold_s` of a failure of our prolog, whose "Prolog error" drain it takes
+  over as its own).
+
+The three take turns on a node: each run holds an fcntl lock in the root-owned state_dir
+(`prolog_epilog.state.node_lock`); a run that cannot get it checks but changes nothing in Slurm.
 
 Nothing here lets a traceback reach slurmd. A broken config or an internal crash is logged and
 the run "fails open" (exit 0): a typo in one config file must not drain a whole cluster. A hard
@@ -21,6 +28,7 @@ line to `json_log` for tooling and logs to `log_file` and stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -106,7 +114,8 @@ def run_mode(
     record["node"] = cfg.node
     budget = float(cfg.general["total_budget_s"])
     slurm_timeout = float(cfg.actions["slurm_timeout_s"])
-    hard = budget + 4 * slurm_timeout + 15.0
+    lock_timeout = float(cfg.actions["lock_timeout_s"])
+    hard = lock_timeout + budget + 6 * slurm_timeout + 15.0
     fail_code = 1 if cfg.general["on_error"] == "fail" else 0
 
     def hard_exit() -> None:  # pragma: no cover - only when something blocks unexpectedly
@@ -114,13 +123,24 @@ def run_mode(
         from prolog_epilog.tools import kill_tools
 
         kill_tools()
+        if mode == "prolog" and fail_code:
+            with contextlib.suppress(Exception):
+                _record_prolog_failure(cfg, env, "hard deadline reached")
         os._exit(fail_code)
 
     timer = threading.Timer(hard, hard_exit)
     timer.daemon = True
     timer.start()
     try:
-        code = _run(mode, cfg, only, gpu_source, drain, env, record)
+        from prolog_epilog.state import node_lock
+
+        with node_lock(cfg.path("state_dir"), lock_timeout) as unlocked:
+            if unlocked is not None:
+                # Without the lock (or a trusted state_dir) another hook may be acting on this
+                # node: check and report, but change nothing in Slurm.
+                log.error("no node lock (%s): checking without acting on Slurm", unlocked)
+                record["lock"] = unlocked
+            code = _run(mode, cfg, only, gpu_source, drain and unlocked is None, env, record)
     except Exception as exc:
         log.exception("internal error, failing open")
         record.update(error=f"internal: {type(exc).__name__}: {exc}"[:300])
@@ -136,17 +156,26 @@ def run_mode(
     return code, record
 
 
+def _record_prolog_failure(cfg: Any, env: dict[str, str], reason: str | None) -> None:
+    """Remember, in the root-owned state_dir, that fthsdp's prolog failed on this node now."""
+    from prolog_epilog.state import StateStore
+
+    StateStore(cfg.path("state_dir")).put(
+        "prolog_failed", {"at": time.time(), "job_id": env.get("SLURM_JOB_ID"), "reason": reason}
+    )
+
+
 def _run(
     mode: str,
     cfg: Any,
     only: Sequence[str] | None,
     gpu_source: str,
-    drain: bool,
+    act: bool,
     env: dict[str, str],
     record: dict[str, Any],
 ) -> int:
+    """One run under the node lock; `act` False: change nothing in Slurm."""
     from prolog_epilog import actions
-    from prolog_epilog.config import CHECK_NAMES
     from prolog_epilog.gpu_source import make_source
     from prolog_epilog.runner import run_checks
     from prolog_epilog.state import StateStore
@@ -158,21 +187,20 @@ def _run(
     names = (
         list(only) if only else (cfg.epilog["checks"] if mode == "epilog" else cfg.default_checks)
     )
-    extra: list[str] = []
+    # What a job asks for (its comment; FTHSDP_HEALTH_CHECKS if the hook's environment carries
+    # one) runs only from the operator's allow-list, and only its faults count against the node.
+    asked: list[str] = []
     if env.get("FTHSDP_HEALTH_CHECKS"):
-        extra += [c.strip() for c in env["FTHSDP_HEALTH_CHECKS"].split(",")]
-    if (
-        mode == "prolog"
-        and cfg.actions["job_comment_checks"]
-        and env.get("SLURM_JOB_ID")
-        and not only
-    ):
-        extra += actions.job_requested_checks(actions.job_comment(env["SLURM_JOB_ID"], backend))
-    for wanted in extra:
-        if wanted in CHECK_NAMES and wanted not in names:
-            names.append(wanted)
-        elif wanted and wanted not in CHECK_NAMES:
-            log.warning("ignoring unknown requested check %r", wanted)
+        asked += env["FTHSDP_HEALTH_CHECKS"].split(",")
+    job_id = env.get("SLURM_JOB_ID", "")
+    if mode == "prolog" and cfg.actions["job_comment_checks"] and job_id and not only:
+        asked += actions.job_requested_checks(actions.job_comment(job_id, backend))
+    added, refused = actions.requested_checks(asked, cfg.actions["job_checks_allowed"], names)
+    if refused:
+        log.warning("job asked for checks not in actions.job_checks_allowed, ignored: %s", refused)
+    if asked:
+        record["requested"] = {"added": added, "refused": refused}
+    names = names + added
     if mode == "epilog":
         ep = cfg.epilog
         record["cleanup"] = actions.epilog_cleanup(
@@ -183,7 +211,8 @@ def _run(
             bool(ep["clean_dev_shm"]),
             min(5.0, float(cfg.general["timeout_s"])),
         )
-    suite = run_checks(names, cfg, mode=mode, source=source)
+    full = run_checks(names, cfg, mode=mode, source=source)
+    suite, job_errors = actions.split_verdict(full, added, cfg.general["on_error"])
     record.update(suite.to_dict())
     for c in suite.checks:
         level = logging.INFO if c.status in ("pass", "skip") else logging.WARNING
@@ -191,9 +220,19 @@ def _run(
     state = StateStore(cfg.path("state_dir"))
     passes = int(state.get("passes", 0)) + 1 if suite.healthy else 0
     state.put("passes", passes)
-    drain_enabled = drain and bool(cfg.actions["drain"]) and mode != "check"
+    if mode == "prolog" and not suite.healthy:
+        _record_prolog_failure(cfg, env, suite.drain_reason)
+    if job_errors and mode == "prolog":
+        why = "; ".join(f"{c.name}: {c.detail}" for c in job_errors)
+        why = f"health check the job asked for could not run on {cfg.node}: {why}"
+        record["job_errors"] = why
+        if suite.healthy and act and cfg.actions["job_check_error"] == "cancel":
+            record["job_cancelled"] = actions.fail_job(job_id, why, backend)
+    drain_enabled = act and bool(cfg.actions["drain"]) and mode != "check"
     node_info = None
-    needs_node = (not suite.healthy and drain_enabled) or (suite.healthy and mode == "healthcheck")
+    needs_node = (not suite.healthy and drain_enabled) or (
+        act and suite.healthy and mode == "healthcheck"
+    )
     if needs_node:
         try:
             node_info = backend.node(cfg.node)
@@ -201,12 +240,37 @@ def _run(
             log.error("node %s: state unreadable, no drain or resume: %s", cfg.node, exc)
             record["action"] = {"action": "none", "why": f"node state unreadable: {exc}"[:300]}
             return 0 if suite.healthy else 1
+    hold = None
+    if mode == "healthcheck" and node_info is not None:
+        failed = state.get("prolog_failed")
+        since = actions.prolog_failure(failed, time.time())
+        if actions.claimable(node_info, since, float(cfg.actions["prolog_error_claim_s"])):
+            detail = str(failed.get("reason") or "failed") if isinstance(failed, dict) else ""
+            detail = detail.removeprefix("fthsdp: ")
+            if actions.claim_prolog_error(cfg.node, detail, backend):
+                record["claimed"] = actions.PROLOG_ERROR
+                try:
+                    node_info = backend.node(cfg.node)
+                except SlurmCommandError as exc:
+                    log.error("node %s: state unreadable after claim: %s", cfg.node, exc)
+                    return 0 if suite.healthy else 1
+        if since is not None and since < float(cfg.actions["prolog_failure_hold_s"]):
+            hold = f"fthsdp's prolog failed here {since:.0f}s ago"
     decision = actions.decide(
-        mode, suite, node_info, passes, int(cfg.actions["resume_after_passes"]), drain_enabled
+        mode,
+        suite,
+        node_info,
+        passes,
+        int(cfg.actions["resume_after_passes"]),
+        drain_enabled,
+        hold,
     )
     record["action"] = {"action": decision.action, "why": decision.why}
-    if decision.action != "none":
-        record["action"]["done"] = actions.apply(decision, cfg.node, backend)
+    if decision.action != "none" and act:
+        done = actions.apply(decision, cfg.node, backend)
+        record["action"]["done"] = done
+        if decision.action == "resume" and done:
+            state.put("prolog_failed", None)
     return 0 if suite.healthy else 1
 
 

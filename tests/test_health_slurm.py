@@ -9,6 +9,7 @@ fixture restores the original slurm.conf and resumes every node it touched.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -91,6 +92,15 @@ def health_cluster(
                 _scontrol("update", f"NodeName={n.name}", "State=RESUME")
 
 
+def _sbatch(hc: HealthCluster, *args: str, command: str = "true") -> str:
+    """A one-node job in partition gpu; returns its id."""
+    argv = ["sbatch", "--parsable", "-p", "gpu", "-N1", *args, "--wrap", command]
+    r = subprocess.run(
+        argv, capture_output=True, text=True, timeout=20, check=True, env=hc.cfg.env()
+    )
+    return r.stdout.strip()
+
+
 def _node(hc: HealthCluster, name: str):  # type: ignore[no-untyped-def]
     return hc.backend.nodes([name])[0]
 
@@ -109,25 +119,13 @@ def test_prolog_drains_bad_node_job_runs_elsewhere_healthcheck_resumes(
     hc = health_cluster
     write_node_inputs(hc.root, "node1", faults=["xid79"])
     out = tmp_path / "job.out"
-    job = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-p",
-            "gpu",
-            "-N1",
-            "--requeue",
-            "--exclude=node3,node4",
-            f"--output={out}",
-            "--wrap",
-            "echo ran-on=$SLURMD_NODENAME",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-        env=hc.cfg.env(),
-    ).stdout.strip()
+    job = _sbatch(
+        hc,
+        "--requeue",
+        "--exclude=node3,node4",
+        f"--output={out}",
+        command="echo ran-on=$SLURMD_NODENAME",
+    )
     # The prolog fails on node1: the job is requeued (not held: nohold_on_prolog_fail), with
     # its begin time pushed ~120 s out (DESIGN.md fact 2); release makes it eligible now.
     _wait(lambda: int(_job_field(job, "Restarts") or 0) >= 1, 60, f"job {job} requeued")
@@ -170,3 +168,55 @@ def test_healthcheck_leaves_admin_drain_alone(health_cluster: HealthCluster) -> 
     node4 = _node(hc, "node4")
     assert node4.drained and node4.reason == "admin: fan swap"
     assert os.path.exists(hc.root / "node4" / "state" / "state.json")
+
+
+def _sbatch_as_nobody(hc: HealthCluster, *args: str) -> str:
+    """Submit as root on behalf of the unprivileged user `nobody` (sbatch --uid): the job is
+    nobody's, its comment is whatever nobody typed."""
+    return _sbatch(hc, "--uid=nobody", "--chdir=/tmp", "--output=/dev/null", *args)
+
+
+def _no_node_drained(hc: HealthCluster) -> None:
+    nodes = hc.backend.nodes(hc.cfg.node_names)
+    assert nodes and not [n for n in nodes if n.drained], [(n.name, n.reason) for n in nodes]
+
+
+@pytest.mark.timeout(240)
+def test_unprivileged_job_comment_drains_nothing(health_cluster: HealthCluster) -> None:
+    """`sbatch --comment=fthsdp-health:dcgm` by `nobody` on nodes without DCGM: the check is not
+    on the operator's allow-list (empty by default), so the prolog ignores it and the jobs run."""
+    hc = health_cluster
+    jobs = [
+        _sbatch_as_nobody(hc, "--comment=fthsdp-health:dcgm", f"--nodelist={node}")
+        for node in ("node1", "node2")
+    ]
+    # The job passed its prolog and started, once (no requeue). Its script itself may fail as
+    # `nobody` (the dev cluster's spool is in a root-only folder): what it runs is not the point.
+    ended = ("COMPLETED", "FAILED")
+    for job in jobs:
+        _wait(lambda job=job: _job_field(job, "JobState") in ended, 90, f"job {job} to end")
+        assert _job_field(job, "UserId").startswith("nobody")
+        assert _job_field(job, "Restarts") == "0"
+    _no_node_drained(hc)
+    for node in ("node1", "node2"):
+        runs = [
+            json.loads(line) for line in (hc.root / f"health-{node}.jsonl").read_text().splitlines()
+        ]
+        prolog = [r for r in runs if r["mode"] == "prolog" and r["job_id"] in jobs]
+        assert prolog and all(r["exit"] == 0 and r["healthy"] for r in prolog), prolog
+        assert all(r["requested"] == {"added": [], "refused": ["dcgm"]} for r in prolog)
+
+
+@pytest.mark.timeout(240)
+def test_allowed_job_check_that_errors_fails_the_job_not_the_node(
+    health_cluster: HealthCluster, tmp_path: Path
+) -> None:
+    """With dcgm on the allow-list but no dcgmi on the node, the check errors: the job is
+    cancelled (AdminComment says why) and the node stays in service."""
+    hc = health_cluster
+    config = tmp_path / "health.toml"
+    config.write_text(config.read_text() + '[actions]\njob_checks_allowed = ["dcgm"]\n')
+    job = _sbatch_as_nobody(hc, "--comment=fthsdp-health:dcgm", "--nodelist=node3")
+    _wait(lambda: _job_field(job, "JobState") == "CANCELLED", 90, f"job {job} cancelled")
+    assert "dcgm" in _scontrol("show", "job", job)  # AdminComment=fthsdp: ... dcgm ...
+    _no_node_drained(hc)
