@@ -220,3 +220,30 @@ def test_allowed_job_check_that_errors_fails_the_job_not_the_node(
     _wait(lambda: _job_field(job, "JobState") == "CANCELLED", 90, f"job {job} cancelled")
     assert "dcgm" in _scontrol("show", "job", job)  # AdminComment=fthsdp: ... dcgm ...
     _no_node_drained(hc)
+
+
+@pytest.mark.timeout(180)
+def test_prolog_error_after_our_prolog_failed_is_taken_over_and_resumed(
+    health_cluster: HealthCluster,
+) -> None:
+    """Slurm's `Prolog error` drain that follows a recorded failure of fthsdp's prolog (its own
+    drain could not be made) becomes an `fthsdp:` drain, which HealthCheckProgram resumes once
+    the node passes; the same reason with no failure of ours recorded is left alone."""
+    from prolog_epilog.state import StateStore
+
+    hc = health_cluster
+    for node in ("node2", "node3"):
+        _scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=Prolog error")
+    StateStore(hc.root / "node2" / "state").put(
+        "prolog_failed",
+        {"at": time.time() - 30, "job_id": "7", "reason": "fthsdp: xid: Xid 79 GPU3"},
+    )
+    hc.enable_healthcheck()
+    _wait(lambda: not _node(hc, "node2").drained, 90, "node2 resumed by HealthCheckProgram")
+    runs = [json.loads(x) for x in (hc.root / "health-node2.jsonl").read_text().splitlines()]
+    assert any(r.get("claimed") == "Prolog error" for r in runs)
+    assert StateStore(hc.root / "node2" / "state").get("prolog_failed") is None
+    log = hc.root / "health-node3.jsonl"
+    _wait(lambda: log.exists() and log.read_text().count("\n") >= 2, 60, "two node3 runs")
+    node3 = _node(hc, "node3")
+    assert node3.drained and node3.reason == "Prolog error"
