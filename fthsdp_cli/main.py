@@ -83,11 +83,13 @@ class InternalError(BadInput):
 
 
 def _first_line(text: str) -> str:
-    """The most telling line of a tool's stderr: the first that says `error`, else the first."""
+    """The most telling line of a tool's stderr: its `fatal` line, else the first that says
+    `error`, else the first."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if "error" in line.lower() or "fatal" in line.lower():
-            return line[:300]
+    for word in ("fatal", "error"):
+        for line in lines:
+            if word in line.lower():
+                return line[:300]
     return lines[0][:300] if lines else ""
 
 
@@ -101,6 +103,8 @@ def one_line(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, SlurmCommandError):
         command = " ".join(exc.argv[:2]) if exc.argv else "a Slurm command"
         detail = _first_line(exc.stderr) or f"exit status {exc.returncode}"
+        if "configuration" in detail and not os.environ.get("SLURM_CONF"):
+            detail += " (SLURM_CONF is not set: for the dev cluster, run 'fthsdp cluster up')"
         return f"Slurm command '{command}' failed: {detail}", EXIT_ENVIRONMENT
     if isinstance(exc, EnvironmentProblem):
         return _first_line(str(exc)) or type(exc).__name__, EXIT_ENVIRONMENT

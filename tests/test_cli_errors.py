@@ -279,3 +279,18 @@ def test_submitted_run_dir_is_private(tmp_path: Path) -> None:
     for script in run.glob("*.sbatch"):
         assert mode(script) & 0o077 == 0, script
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
+def test_slurm_without_a_config_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    exc = SlurmCommandError(
+        ["sbatch", "--parsable", "x.sbatch"],
+        1,
+        "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+        "sbatch: error: fetch_config: DNS SRV lookup failed\n"
+        "sbatch: fatal: Could not establish a configuration source",
+    )
+    message, code = one_line(exc)
+    assert code == 3
+    assert "fatal: Could not establish a configuration source" in message
+    assert "SLURM_CONF is not set" in message and "fthsdp cluster up" in message

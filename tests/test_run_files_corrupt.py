@@ -1,10 +1,10 @@
 """Corrupt or wrong-shaped run files: one line naming the file and the problem, exit 2.
 
 A run directory's `jobs.json`, `control.json` and `spec.json` are what `status`, `requeue`,
-`cancel` and the control plane act on. Each file is broken in each way a crash, a full disk or a
-hand edit leaves it (missing, empty, truncated, not JSON, the wrong shape, a field of the wrong
-type), and every command that reads it must answer with one line and exit 2, never a traceback
-and never a half-read record. A command that does not read the file must not be stopped by it
+`cancel`, the control plane and the replica jobs act on. Each file is broken in each way a crash,
+a full disk or a hand edit leaves it (missing, empty, truncated, not JSON, the wrong shape, a
+field of the wrong type), and every command that reads it must answer with one line and exit 2,
+never a traceback and never a half-read record. A command that does not read the file must not be stopped by it
 (`cancel` works with a corrupt `control.json`): those cases reach Slurm, which here is an empty
 `SLURM_CONF` (exit 3).
 """
@@ -227,3 +227,18 @@ def test_read_run_names_the_file_and_problem(tmp_path: Path, text: str, problem:
     message = str(info.value)
     assert str(tmp_path / "jobs.json") in message and problem in message
     assert "\n" not in message
+
+
+REPLICA_CASES = [k for (f, k) in BREAKS if f == "control.json" and k != "missing"]
+
+
+@pytest.mark.parametrize("case", REPLICA_CASES)
+def test_replica_refuses_a_broken_control_file(case: str, tmp_path: Path) -> None:
+    """A replica job stops with one line instead of requeuing itself over and over."""
+    run = tmp_path / "run"
+    make_run(run)
+    BREAKS[("control.json", case)](run)
+    r = CliRunner().invoke(cli, ["replica", "--run-dir", str(run), "--replica", "0", "true"])
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.strip().splitlines() if line.startswith("Error")]
+    assert len(lines) == 1 and "control.json" in lines[0], r.output

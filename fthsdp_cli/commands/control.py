@@ -190,9 +190,11 @@ def replica(
     """
     from runtime.control.supervisor import Supervisor, SupervisorConfig
     from slurm.errors import InputError
+    from slurm.run_dir import read_control
 
     if replica < 0:
         raise InputError("--replica", replica, "a replica index >= 0")
+    read_control(run_dir)  # a corrupt control file stops here, not in a requeue loop
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = SupervisorConfig.from_env(run_dir.resolve(), replica, list(command))
     config.decision_wait_s = decision_wait
