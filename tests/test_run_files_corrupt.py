@@ -1,11 +1,11 @@
 """Corrupt or wrong-shaped run files: one line naming the file and the problem, exit 2.
 
 A run directory's `jobs.json`, `control.json` and `spec.json` are what `status`, `requeue`,
-`cancel`, the control plane and the replica jobs act on. Each file is broken in each way a crash,
-a full disk or a hand edit leaves it (missing, empty, truncated, not JSON, the wrong shape, a
-field of the wrong type), and every command that reads it must answer with one line and exit 2,
-never a traceback and never a half-read record. A command that does not read the file must not be stopped by it
-(`cancel` works with a corrupt `control.json`): those cases reach Slurm, which here is an empty
+`cancel`, the control plane and the replica jobs act on. Each file is broken in each way a crash, a
+full disk or a hand edit leaves it (missing, empty, truncated, not JSON, the wrong shape, a field of
+the wrong type), and every command that reads it must answer with one line and exit 2, never a
+traceback and never a half-read record. A command that does not read the file must not be stopped by
+it (`cancel` works with a corrupt `control.json`): those cases reach Slurm, which here is an empty
 `SLURM_CONF` (exit 3).
 """
 
