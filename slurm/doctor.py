@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from slurm.errors import InputError
-from slurm.slurm_config import Partition, SlurmConfig, read_config
+from slurm.slurm_config import Partition, SlurmConfig, Topology, read_config, read_topology
 from slurm.spec import JobSpec
 
 Status = Literal["pass", "warn", "fail"]
@@ -206,8 +206,12 @@ def check_healthcheck_state(cfg: SlurmConfig) -> Finding:
     )
 
 
-def check_topology(cfg: SlurmConfig, required: str | None) -> Finding:
-    """The plugin the spec's placement needs (`tree` for switches, `block` for segments)."""
+def check_topology(
+    cfg: SlurmConfig, required: str | None, topology: Topology | None = None
+) -> Finding:
+    """The topology the spec's placement needs (`tree` for switches, `block` for segments),
+    judged by what `scontrol show topology` shows when read (a topology.yaml overrides
+    `TopologyPlugin`), else by `TopologyPlugin`."""
     plugin = cfg.get("TopologyPlugin")
     if required is None:
         return Finding("TopologyPlugin", "pass", f"{plugin or 'none'} (no spec asks for one)")
@@ -219,12 +223,17 @@ def check_topology(cfg: SlurmConfig, required: str | None) -> Finding:
             f"(it needs {_v((*BLOCK_SINCE, 0))} or later)",
         )
     want = f"topology/{required}"
-    if plugin == want:
-        return Finding("TopologyPlugin", "pass", f"{plugin}, as the spec asks")
+    if topology is not None:
+        have = f"topology/{topology.kind}" if topology.kind else "no topology"
+        source = "scontrol show topology shows "
+    else:
+        have, source = plugin or "none", ""
+    if have == want:
+        return Finding("TopologyPlugin", "pass", f"{source}{have}, as the spec asks")
     return Finding(
         "TopologyPlugin",
         "fail",
-        f"{plugin or 'none'}: the spec asks for {want} "
+        f"{source}{have}: the spec asks for {want} "
         + ("(--segment places nothing without it)" if required == "block" else "(--switches)"),
         f"TopologyPlugin={want}",
     )
@@ -322,10 +331,11 @@ def run_checks(
     cfg: SlurmConfig,
     spec: JobSpec | None = None,
     partitions: Mapping[str, Partition] | None = None,
-    base_blocks: Mapping[str, int] | None = None,
+    topology: Topology | None = None,
 ) -> list[Finding]:
-    """Every check, in the order an operator would fix them. Partitions and blocks need the
-    spec (blocks: `scontrol show topology`, read only when the spec asks for block)."""
+    """Every check, in the order an operator would fix them. Partitions and the topology go
+    with a spec (`scontrol show topology` is read only when the spec asks for one)."""
+    required = spec.replicas.required_topology if spec else None
     findings = [
         check_version(cfg),
         check_requeue(cfg),
@@ -338,24 +348,21 @@ def run_checks(
         check_hook(cfg, "HealthCheckProgram", "fthsdp-healthcheck", HEALTHCHECK_LINE, "warn"),
         check_healthcheck_interval(cfg),
         check_healthcheck_state(cfg),
-        check_topology(cfg, spec.replicas.required_topology if spec else None),
+        check_topology(cfg, required, topology),
         check_min_job_age(cfg),
         check_gres(cfg, spec),
     ]
-    if spec is not None and base_blocks is not None:
-        findings.append(check_segment(spec, base_blocks))
+    if spec is not None and required == "block" and topology and topology.kind == "block":
+        findings.append(check_segment(spec, topology.base_blocks))
     if spec is not None and partitions is not None:
         findings += check_partitions(spec, partitions)
     return findings
 
 
-def wants_blocks(cfg: SlurmConfig, spec: JobSpec | None) -> bool:
-    """Whether the segment check applies: a block spec on a cluster running topology/block."""
-    return (
-        spec is not None
-        and spec.replicas.required_topology == "block"
-        and check_topology(cfg, "block").status == "pass"
-    )
+def wants_topology(cfg: SlurmConfig, spec: JobSpec | None) -> bool:
+    """Whether to read `scontrol show topology`: a spec asks for a topology this release has."""
+    required = spec.replicas.required_topology if spec else None
+    return required == "tree" or (required == "block" and cfg.version[:2] >= BLOCK_SINCE)
 
 
 def exit_code(findings: Iterable[Finding]) -> int:
@@ -370,8 +377,13 @@ def summary(findings: Sequence[Finding]) -> dict[Status, int]:
     return counts
 
 
-def require_topology_support(spec: JobSpec, read: Callable[[], SlurmConfig] = read_config) -> None:
-    """Refuse (InputError, exit 2) a block-topology spec on a Slurm without topology/block.
+def require_topology_support(
+    spec: JobSpec,
+    read: Callable[[], SlurmConfig] = read_config,
+    read_shown: Callable[[str], Topology] = read_topology,
+) -> None:
+    """Refuse (InputError, exit 2) a block-topology spec where slurmctld schedules no blocks:
+    a release before 24.05, or a cluster whose topology is not block.
 
     Reads the cluster only when the spec asks for block placement; an unreachable Slurm then
     raises `SlurmUnreachable` rather than letting sbatch guess.
@@ -379,6 +391,7 @@ def require_topology_support(spec: JobSpec, read: Callable[[], SlurmConfig] = re
     if spec.replicas.required_topology != "block":
         return
     cfg = read()
-    finding = check_topology(cfg, "block")
+    shown = read_shown(cfg.version_text) if wants_topology(cfg, spec) else None
+    finding = check_topology(cfg, "block", shown)
     if finding.status == "fail":
         raise InputError("replicas.topology", "block", finding.detail)

@@ -133,23 +133,38 @@ def parse_partitions(text: str, version: str) -> dict[str, Partition]:
     return out
 
 
-def parse_base_blocks(text: str, version: str) -> dict[str, int]:
-    """`scontrol show topology` under topology/block -> base block name -> its BlockSize.
+@dataclass(frozen=True)
+class Topology:
+    """The topology slurmctld schedules with: `block`, `tree`, or None (flat: nothing shown).
 
-    24.11 and 26.05 print `BlockName=b1 BlockIndex=0 Nodes=node[1-2] BlockSize=2` per base block
-    and `AggregatedBlock=...` lines for the higher levels; a tree prints `SwitchName=` lines
-    (no blocks: empty).
+    Read from `scontrol show topology`, not from `TopologyPlugin`: with a topology.yaml
+    (25.05+) slurm.conf's `TopologyPlugin` still prints (26.05 showed `topology/tree` while the
+    yaml's block topology was in force).
     """
-    out: dict[str, int] = {}
+
+    kind: str | None
+    base_blocks: Mapping[str, int] = field(default_factory=dict)
+
+
+def parse_topology(text: str, version: str) -> Topology:
+    """`scontrol show topology` -> Topology. 24.11 and 26.05 print one `BlockName=b1
+    BlockIndex=0 Nodes=node[1-2] BlockSize=2` line per base block (and `AggregatedBlock=` lines
+    for higher levels); trees print `SwitchName=` lines (22.05 to 26.05)."""
+    blocks: dict[str, int] = {}
+    switches = False
     for line in text.splitlines():
         pairs = {m.group("key"): m.group("value") for m in _PAIR.finditer(line)}
+        if "SwitchName" in pairs:
+            switches = True
         if "BlockName" not in pairs:
             continue
         size = pairs.get("BlockSize", "")
         if not size.isdigit():
             raise UnrecognisedOutput(SHOW_TOPOLOGY, version, f"no BlockSize in {line[:60]!r}")
-        out[pairs["BlockName"]] = int(size)
-    return out
+        blocks[pairs["BlockName"]] = int(size)
+    if blocks and switches:
+        raise UnrecognisedOutput(SHOW_TOPOLOGY, version, "both switches and blocks")
+    return Topology("block" if blocks else "tree" if switches else None, blocks)
 
 
 def _scontrol(argv: tuple[str, ...], timeout: float) -> str:
@@ -174,5 +189,10 @@ def read_partitions(version: str, timeout: float = 30) -> dict[str, Partition]:
     return parse_partitions(_scontrol(SHOW_PARTITIONS, timeout), version)
 
 
-def read_base_blocks(version: str, timeout: float = 30) -> dict[str, int]:
-    return parse_base_blocks(_scontrol(SHOW_TOPOLOGY, timeout), version)
+def read_topology(version: str, timeout: float = 30) -> Topology:
+    try:
+        return parse_topology(_scontrol(SHOW_TOPOLOGY, timeout), version)
+    except SlurmUnreachable as exc:
+        if "No topology information available" in str(exc):
+            return Topology(None)  # a flat cluster: topology/default
+        raise

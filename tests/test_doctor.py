@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,11 @@ from slurm.doctor import (
 from slurm.errors import InputError
 from slurm.slurm_config import (
     SlurmConfig,
+    Topology,
     UnrecognisedOutput,
-    parse_base_blocks,
     parse_partitions,
     parse_show_config,
+    parse_topology,
     parse_version,
 )
 from slurm.spec import JobSpec, parse_spec
@@ -302,26 +303,45 @@ def test_checks_with_a_spec(
     assert f.status == status, f
 
 
-def test_block_topology_by_release() -> None:
-    old = check_topology(GOOD, "block")
-    assert old.status == "fail" and "Slurm 22.05.8 lacks" in old.detail and "24.05" in old.detail
-    new = dataclasses.replace(
-        _changed(GOOD, TopologyPlugin="topology/tree"), version_text="24.11.5"
-    )
-    tree = check_topology(new, "block")
-    assert (tree.status, tree.fix) == ("fail", "TopologyPlugin=topology/block")
-    block = check_topology(_changed(new, TopologyPlugin="topology/block"), "block")
-    assert block.status == "pass"
+def _shown(release: str, kind: str) -> Topology:
+    text = (CAPTURES / f"show-topology-{release}-{kind}.txt").read_text()
+    return parse_topology(text, release)
 
 
-@pytest.mark.parametrize("release", ["24.11.5", "26.05.5"])
-def test_base_blocks(release: str) -> None:
-    text = (CAPTURES / f"show-topology-{release}-block.txt").read_text()
-    assert parse_base_blocks(text, release) == {"b1": 2, "b2": 2}
-    tree = "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=node[1-2]\n"
-    assert parse_base_blocks(tree, release) == {}
+ON_24 = dataclasses.replace(_changed(GOOD, TopologyPlugin="topology/tree"), version_text="24.11.5")
+
+
+@pytest.mark.parametrize(
+    ("cfg", "required", "shown", "status", "says"),
+    [
+        (GOOD, "block", None, "fail", "Slurm 22.05.8 lacks"),
+        (GOOD, "block", _shown("22.05.8", "tree"), "fail", "Slurm 22.05.8 lacks"),
+        (GOOD, "tree", _shown("22.05.8", "tree"), "pass", "shows topology/tree"),
+        (ON_24, "block", None, "fail", "topology/tree: the spec asks for topology/block"),
+        (ON_24, "block", _shown("24.11.5", "tree"), "fail", "shows topology/tree: the spec"),
+        # A topology.yaml's blocks with slurm.conf's TopologyPlugin=topology/tree (26.05).
+        (ON_24, "block", _shown("26.05.5", "block"), "pass", "shows topology/block"),
+        (_changed(ON_24, TopologyPlugin="topology/block"), "block", None, "pass", "as the spec"),
+        (ON_24, "tree", Topology(None), "fail", "no topology: the spec asks for topology/tree"),
+    ],
+)
+def test_topology(
+    cfg: SlurmConfig, required: str, shown: Topology | None, status: str, says: str
+) -> None:
+    f = check_topology(cfg, required, shown)
+    assert f.status == status and says in f.detail, f
+    if status == "fail" and "lacks" not in says:
+        assert f.fix == f"TopologyPlugin=topology/{required}"
+
+
+@pytest.mark.parametrize("release", ["22.05.8", "24.11.5", "26.05.5"])
+def test_parse_topology(release: str) -> None:
+    assert _shown(release, "tree") == Topology("tree", {})
+    if release != "22.05.8":
+        assert _shown(release, "block") == Topology("block", {"b1": 2, "b2": 2})
     with pytest.raises(UnrecognisedOutput, match=r"show topology \(Slurm 30.05.1\)"):
-        parse_base_blocks("BlockName=b1 Nodes=node[1-2] Size=2\n", "30.05.1")
+        parse_topology("BlockName=b1 Nodes=node[1-2] Size=2\n", "30.05.1")
+    assert parse_topology("", release) == Topology(None, {})
 
 
 @pytest.mark.parametrize(
@@ -362,21 +382,32 @@ def test_partitions_of_a_spec() -> None:
     assert exit_code(run_checks(GOOD, unnamed, parts)) == 0
 
 
-def test_submit_refuses_block_on_a_release_without_it() -> None:
-    calls: list[int] = []
+def test_submit_refuses_block_where_slurmctld_schedules_no_blocks() -> None:
+    calls: list[str] = []
 
-    def read() -> SlurmConfig:
-        calls.append(1)
-        return GOOD
+    def read(cfg: SlurmConfig) -> Callable[[], SlurmConfig]:
+        def config() -> SlurmConfig:
+            calls.append("config")
+            return cfg
 
-    require_topology_support(_spec(), read)  # no block asked: Slurm is not even read
+        return config
+
+    def shown(topology: Topology) -> Callable[[str], Topology]:
+        def show(version: str) -> Topology:
+            calls.append("topology")
+            return topology
+
+        return show
+
+    tree, block = _shown("24.11.5", "tree"), _shown("24.11.5", "block")
+    require_topology_support(_spec(), read(GOOD), shown(tree))  # no block asked: nothing read
     assert calls == []
     with pytest.raises(InputError, match=r"replicas.topology: got 'block'; .*22.05.8 lacks"):
-        require_topology_support(_spec(topology="block"), read)
-    on_24 = dataclasses.replace(
-        _changed(GOOD, TopologyPlugin="topology/block"), version_text="24.11.5"
-    )
-    require_topology_support(_spec(topology="block"), lambda: on_24)
+        require_topology_support(_spec(topology="block"), read(GOOD), shown(block))
+    assert calls == ["config"]
+    with pytest.raises(InputError, match="shows topology/tree"):
+        require_topology_support(_spec(topology="block"), read(ON_24), shown(tree))
+    require_topology_support(_spec(topology="block"), read(ON_24), shown(block))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """`fthsdp doctor`: a read-only site preflight of the Slurm that fthsdp will run on.
 
-Reads `scontrol show config` (and, with `--spec`, the partitions and, for a block spec, the
-blocks), runs `slurm.doctor`'s checks
-and prints each verdict with the slurm.conf line that fixes it: a rich table, or `--json` with
+Reads `scontrol show config` (and, with `--spec`, the partitions and, when the spec asks for a
+topology, `scontrol show topology`), runs `slurm.doctor`'s checks and prints each verdict with
+the slurm.conf line that fixes it: a rich table, or `--json` with
 `{"slurm_version", "findings": [{"check", "status", "detail", "fix"}], "summary"}`.
 Exit 0 when nothing fails (warnings allowed), 1 when a check fails, 2 bad input (the spec),
 3 when Slurm cannot be read (scontrol missing, slurmctld down, output not recognised).
@@ -35,13 +35,13 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for scontrol.")
 def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     """Check this Slurm's configuration against what fthsdp relies on (changes nothing)."""
-    from slurm.doctor import exit_code, run_checks, summary, wants_blocks
+    from slurm.doctor import exit_code, run_checks, summary, wants_topology
     from slurm.slurm_config import (
         SlurmUnreachable,
         UnrecognisedOutput,
-        read_base_blocks,
         read_config,
         read_partitions,
+        read_topology,
     )
     from slurm.spec import load_spec
 
@@ -49,11 +49,11 @@ def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     try:
         cfg = read_config(timeout)
         partitions = read_partitions(cfg.version_text, timeout) if spec is not None else None
-        blocks = read_base_blocks(cfg.version_text, timeout) if wants_blocks(cfg, spec) else None
+        shown = read_topology(cfg.version_text, timeout) if wants_topology(cfg, spec) else None
     except (SlurmUnreachable, UnrecognisedOutput) as exc:
         click.echo(f"fthsdp doctor: {exc}", err=True)
         sys.exit(EXIT_UNREACHABLE)
-    findings = run_checks(cfg, spec, partitions, blocks)
+    findings = run_checks(cfg, spec, partitions, shown)
     if as_json:
         data = {
             "slurm_version": cfg.version_text,
