@@ -32,7 +32,13 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     help="Also check what this run needs: its topology, GPUs, het jobs and partitions.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for scontrol.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for each scontrol.",
+)
 def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     """Check this Slurm's configuration against what fthsdp relies on (changes nothing)."""
     from slurm.doctor import exit_code, run_checks, summary, wants_topology
@@ -63,13 +69,18 @@ def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
         click.echo(json.dumps(data, indent=2))
     else:
         table = Table(title=f"fthsdp doctor: Slurm {cfg.version_text}")
-        for col in ("check", "status", "detail", "add to slurm.conf"):
+        for col in ("check", "status", "detail"):
             table.add_column(col, overflow="fold")
         for f in findings:
-            style = _STYLE[f.status]
-            table.add_row(Text(f.check), Text(f.status, style), Text(f.detail), Text(f.fix or ""))
+            table.add_row(Text(f.check), Text(f.status, _STYLE[f.status]), Text(f.detail))
         console = Console()
         console.print(table)
         counts = summary(findings)
         console.print(f"{counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail")
+        fixes = [f.fix for f in findings if f.fix]
+        if fixes:
+            # Unwrapped, so the lines can be copied as they are.
+            click.echo("\nAdd to slurm.conf, then reconfigure or restart the daemons:")
+            for line in fixes:
+                click.echo(f"  {line}")
     sys.exit(exit_code(findings))
