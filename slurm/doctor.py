@@ -240,8 +240,10 @@ def check_topology(
 
 
 def check_segment(spec: JobSpec, base_blocks: Mapping[str, int]) -> Finding:
-    """Each `--segment` of a replica must fit in one base block (sbatch(1)); 24.11's sbatch
-    refuses a larger one, 26.05 takes it, and then no segment is inside one block."""
+    """Each `--segment` of a replica must fit in one base block: 24.11's sbatch refuses a
+    larger one ("Requested topology configuration is not available"); 26.05 takes it, and its
+    sbatch(1) says a segment holding all of a job's nodes has no effect, so the replica is
+    spread over blocks as any job would be."""
     segment = spec.replicas.segment_option
     if not base_blocks:
         return Finding("segment", "fail", "scontrol show topology lists no blocks")
