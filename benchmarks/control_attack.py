@@ -123,13 +123,13 @@ def legit_report(url: str, secret: bytes, seq: int) -> tuple[int, float]:
     return status, time.perf_counter() - t0
 
 
-def journal_rows(run_dir: Path) -> dict[str, int]:
+def journal_rows(
+    run_dir: Path, tables: tuple[str, ...] = ("events", "nonces", "rejections")
+) -> dict[str, int]:
+    """Row counts of the run's journal tables (read-only)."""
     db = sqlite3.connect(f"file:{run_dir / 'control.sqlite'}?mode=ro", uri=True)
     try:
-        return {
-            t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-            for t in ("events", "nonces", "rejections")
-        }
+        return {t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in tables}
     finally:
         db.close()
 

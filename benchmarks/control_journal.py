@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from control_attack import journal_rows  # noqa: E402
 from control_harness import install_fake_slurm  # noqa: E402
 
 from runtime.control.coordinator import compaction_interval  # noqa: E402
@@ -108,16 +109,7 @@ def journal_bytes(run_dir: Path) -> int:
 
 
 def rows(run_dir: Path) -> dict[str, int]:
-    import sqlite3
-
-    db = sqlite3.connect(f"file:{run_dir / JOURNAL_FILE}?mode=ro", uri=True)
-    try:
-        return {
-            t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-            for t in ("events", "actions", "nonces")
-        }
-    finally:
-        db.close()
+    return journal_rows(run_dir, ("events", "actions", "nonces"))
 
 
 def signed_state(url: str, secret: bytes) -> int:

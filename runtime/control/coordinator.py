@@ -427,6 +427,12 @@ class Coordinator:
                     outcome, detail = await loop.run_in_executor(
                         None, self._execute, action, resumed
                     )
+                except (InputError, EnvironmentProblem) as exc:
+                    # Refused before Slurm was asked (a bad node name, Slurm not usable):
+                    # retrying cannot help.
+                    self.journal.attempt(stored.id, "failed", str(exc))
+                    log.error("giving up on %s: %s", action, exc)
+                    break
                 except SlurmCommandError as exc:
                     if attempt + 1 >= self.config.action_retries or not transient(exc):
                         self.journal.attempt(stored.id, "failed", str(exc))
@@ -602,11 +608,8 @@ async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaRe
         raise _Refused(403, f"nodes {foreign[:3]} are not in job {job_id}'s allocation")
     failed = report.failed_node
     if failed is not None and failed not in nodes:
-        if len(nodes) != 1:
-            raise _Refused(403, f"node {failed} is not in job {job_id}'s allocation {nodes[:8]}")
-        # A worker that names its host, not its Slurm node: a one-node job is unambiguous.
-        log.info("report of replica %d: node %s read as %s", report.replica, failed, nodes[0])
-        failed = nodes[0]
+        # Even for a one-node job: a name outside the allocation is never read as "my node".
+        raise _Refused(403, f"node {failed} is not in job {job_id}'s allocation {nodes[:8]}")
     return replace(report, nodes=list(nodes), failed_node=failed)
 
 
