@@ -11,9 +11,14 @@
 
 What each piece maps to (the paper's protocol, torchft's mechanism):
 
-* per-step quorum: `ft.data` starts torchft's `Manager.start_quorum` at the top of each step and
-  waits for it; the lighthouse returns the replicas at the highest step (the participants) in a
-  fixed order, which the data ledger (`runtime.ledger`) turns into this replica's samples.
+* per-step quorum, off the critical path: `ft.data` starts torchft's `Manager.start_quorum` at
+  the top of each step and yields this replica's batch at once: the data ledger
+  (`runtime.ledger`) decides it from the committed state and the replica id alone, not from the
+  participants. The quorum completes while the forward pass runs (torchft's first allreduce waits
+  for it, as its own DDP wrapper does). A one-hot allreduce tells every replica which slots
+  contributed; units of the others are re-issued at later steps. The quorum is waited up front
+  only where the step's kind depends on it: a worker's first quorum, after an aborted step, and
+  the final sync step.
 * HSDP: `fully_shard` on the replica's own 1-D mesh (the shard dimension: the ranks of one
   replica, gloo on CPU, NCCL on CUDA). The replicate dimension is torchft's reconfigurable process
   group: every FSDP module's all-reduce hook hands its reduce-scattered gradient shard to
@@ -122,12 +127,10 @@ def wait_for_lighthouse(env: WorkerEnv, deadline_s: float) -> str:
 
 @dataclass
 class StepPlan:
-    """What the quorum decided for this replica at the start of one step."""
+    """This replica's step as it starts (before its quorum may have completed)."""
 
     step: int
-    participant: int | None
-    participants: int
-    slot: ledger.Slot | None
+    slot: ledger.Slot
     started: float
 
 
@@ -145,13 +148,18 @@ class FTHSDP:
             else torch.device("cpu")
         )
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self.cursor = 0
+        self.ledger_state = ledger.LedgerState()
         self.extra_state: dict[str, Any] = {}
         self.model: nn.Module | None = None
         self.optim: torch.optim.Optimizer | None = None
         self._plan: StepPlan | None = None
-        self._last_participant: int | None = None
+        self._saver = False  # this replica was the lowest contributing slot of the last commit
         self._replica_batch = 0
+        self._overlap_next = False  # the next quorum may overlap the step (steady state)
+        self._mask: torch.Tensor | None = None
+        self._mask_work: Any = None
+        self._quorum_error: Exception | None = None
+        self._heal_snapshot: dict[str, Any] | None = None
         self._step_times: list[float] = []
         # Straggler measurements (runtime.steptiming): own compute vs. cross-replica wait.
         self._timer = StepTimer()
@@ -309,6 +317,7 @@ class FTHSDP:
 
         def all_reduce_hook(grad: torch.Tensor) -> None:
             with timer.waiting():
+                self._contribute()
                 manager.allreduce(grad).wait()
 
         for module in model.modules():
@@ -322,6 +331,7 @@ class FTHSDP:
         self.optim = optim
         if self.resume and self.checkpointer is not None and self.model is not None:
             self.checkpointer.maybe_restore(self)
+        self._snapshot()
         return FTOptimizer(self, optim)
 
     def data(
@@ -359,8 +369,7 @@ class FTHSDP:
             plan = self._begin_step()
             if plan is None:
                 return
-            slot = plan.slot or ledger.Slot(self.cursor, self.cursor + self._replica_batch)
-            mine = slot.rank_slice(self.env.rank, self.env.world_size)
+            mine = plan.slot.rank_slice(self.env.rank, self.env.world_size)
             batch = collate_fn([item(i) for i in mine.ids()])
             yield _to_device(batch, self.device)
 
@@ -369,6 +378,11 @@ class FTHSDP:
     def step(self) -> int:
         """Training steps committed so far (torchft's step minus the initial sync step)."""
         return min(max(0, self.manager.current_step() - 1), self.env.steps)
+
+    @property
+    def cursor(self) -> int:
+        """The ledger's cursor: samples below it were issued (trained, or pending re-issue)."""
+        return self.ledger_state.cursor
 
     def _quorum(self) -> None:
         timeout = self.env.timeouts.join_s if self._first_quorum else self.env.timeouts.quorum_s
@@ -385,6 +399,54 @@ class FTHSDP:
         if self._first_quorum:
             self._first_quorum = False
             self._event("joined", step=self.manager.current_step())
+
+    def _await_quorum(self) -> bool:
+        """Wait for an overlapped quorum; False (and the step is voted down) if it failed."""
+        if self._quorum_error is not None:
+            return False
+        try:
+            self.manager.wait_quorum()
+            return True
+        except Exception as exc:
+            self._quorum_error = exc
+            self.manager.report_error(exc)
+            return False
+
+    def _contribute(self) -> None:
+        """Once per step, after the quorum: allreduce this replica's one-hot slot (torchft zeroes
+        it when the replica is not participating), so every replica learns which units were
+        trained. Issued before the first gradient allreduce, waited at the commit."""
+        if self._mask_work is not None or not self._await_quorum():
+            return
+        from torch.distributed import ReduceOp
+
+        mask = torch.zeros(self.env.num_replicas, dtype=torch.float32, device=self.device)
+        mask[self.env.replica_id] = 1.0
+        self._mask = mask
+        self._mask_work = self.manager.allreduce(mask, reduce_op=ReduceOp.SUM)
+
+    def _contributors(self) -> list[int] | None:
+        """The slots that trained this step, once `_contribute`'s allreduce is done; None when
+        it failed or does not match the quorum (then the step is voted down: the gradient
+        average divides by the participants, so they must be exactly the contributors)."""
+        self._contribute()
+        if self._mask_work is None or self._mask is None:
+            return None
+        self._mask_work.wait()
+        if self.manager.errored() is not None:
+            return None
+        slots = [i for i, v in enumerate(self._mask.tolist()) if v > 0.5]
+        if len(slots) != self.manager.num_participants() or any(
+            abs(v - round(v)) > 1e-3 or v > 1.5 for v in self._mask.tolist()
+        ):
+            self.manager.report_error(
+                RuntimeError(
+                    f"contributing slots {slots} do not match the quorum's "
+                    f"{self.manager.num_participants()} participants"
+                )
+            )
+            return None
+        return slots
 
     def _wait_out_control_restart(self, exc: Exception, give_up: float) -> None:
         """After a failed quorum: return (to retry it) if the control job was restarted and its
@@ -425,6 +487,7 @@ class FTHSDP:
         """
         self.manager.allreduce(torch.zeros(1, device=self.device)).wait()
         ok = self.manager.should_commit()
+        self._snapshot()
         self._event("sync", reason=reason, committed=ok, step=self.manager.current_step())
         return ok
 
@@ -438,6 +501,12 @@ class FTHSDP:
             return None
         while True:
             self._check_watchdog()
+            self._mask = self._mask_work = self._quorum_error = None
+            if self._overlap_next and self.manager.current_step() - 1 < self.env.steps:
+                # steady state: this replica just committed with the others, so the quorum
+                # will find it at the max step, in a training step; it completes meanwhile
+                self.manager.start_quorum(timeout=timedelta(seconds=self.env.timeouts.quorum_s))
+                return self._start_plan(self.manager.current_step() - 1)
             self._quorum()
             max_step = self.manager.current_step()
             if max_step == 0:
@@ -453,18 +522,15 @@ class FTHSDP:
                 if self.env.is_leader:
                     (self.env.run_dir / FINISHED_MARKER).write_text(str(self.env.steps))
                 return None
-            participating = self.manager.is_participating()
-            participant = self.manager.participating_rank() if participating else None
-            k = self.manager.num_participants()
-            self._plan = StepPlan(
-                step=max_step - 1,
-                participant=participant,
-                participants=k,
-                slot=ledger.assign(self.cursor, participant, k, self._replica_batch),
-                started=time.monotonic(),
-            )
-            self._timer.begin()
-            return self._plan
+            return self._start_plan(max_step - 1)
+
+    def _start_plan(self, step: int) -> StepPlan:
+        slot = ledger.take(
+            self.ledger_state, self.env.replica_id, self.env.num_replicas, self._replica_batch
+        )
+        self._plan = StepPlan(step=step, slot=slot, started=time.monotonic())
+        self._timer.begin()
+        return self._plan
 
     def _behind_the_run(self) -> bool:
         """A quorum of fresh replicas (data step 0) while the run's ledger already holds later
@@ -495,6 +561,7 @@ class FTHSDP:
         self.manager.report_error(RuntimeError("fresh quorum behind the run; waiting for state"))
         self.manager.allreduce(torch.zeros(1, device=self.device)).wait()
         self.manager.should_commit()
+        self._snapshot()
         time.sleep(0.5)
 
     def report_error(self, exc: Exception) -> None:
@@ -509,39 +576,60 @@ class FTHSDP:
             self._inject = None
             self.manager.report_error(RuntimeError("injected vote 'no' (test hook)"))
         compute_s = self._measure_compute(plan)
+        contributors = self._contributors()
+        if self._quorum_error is None:
+            plan.step = self.manager.current_step() - 1  # moved if this replica heals
+            if not 0 <= plan.step < self.env.steps:
+                # cannot happen after a commit with the others; never train into a sync step
+                self.manager.report_error(RuntimeError(f"quorum moved to sync step {plan.step}"))
+        healing = not self.manager.is_participating()
+        k = self.manager.num_participants() if self._quorum_error is None else 0
         try:
-            ok = self.manager.should_commit()
+            ok = self._quorum_error is None and self.manager.should_commit()
         except Exception as exc:
             raise FatalWorkerError(
                 f"commit vote failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)]
             ) from exc
         self._plan = None
         step_s = time.monotonic() - plan.started
-        healing = plan.participant is None
-        error = self.manager.errored()
-        if ok:
-            cursor = self.cursor  # after a heal: the peer's cursor, loaded in should_commit
-            slot = ledger.assign(cursor, plan.participant, plan.participants, self._replica_batch)
+        error = self.manager.errored() or self._quorum_error
+        if self._quorum_error is not None:
+            # the overlapped quorum failed (every rank of the replica sees the same): wait out a
+            # control-plane restart like a waited quorum does, and redo the step
+            self.manager._quorum_future = None
+            self._wait_out_control_restart(
+                self._quorum_error, time.monotonic() + self.env.timeouts.join_s
+            )
+        self._overlap_next = ok
+        if ok and contributors is not None:
+            state = self.ledger_state  # after a heal: the peer's state, loaded in should_commit
             if self._ledger_file is not None:
-                rec = ledger.LedgerRecord(
-                    step=plan.step,
-                    replica=self.env.replica_id,
-                    cursor=cursor,
-                    participants=plan.participants,
-                    replica_batch=self._replica_batch,
-                    lo=slot.lo if slot else None,
-                    hi=slot.hi if slot else None,
+                rec = ledger.LedgerRecord.make(
+                    plan.step,
+                    self.env.replica_id,
+                    state,
+                    contributors,
+                    self.env.num_replicas,
+                    self._replica_batch,
                 )
                 self._ledger_file.write(rec.to_json() + "\n")
-            self.cursor = ledger.advance(cursor, plan.participants, self._replica_batch)
+            self.ledger_state = ledger.commit(
+                state, contributors, self.env.num_replicas, self._replica_batch
+            )
             self._step_times.append(step_s)
-            self._last_participant = plan.participant
+            self._saver = contributors[0] == self.env.replica_id
+        elif ok:
+            # committed without knowing the contributors: the mask allreduce failed after the
+            # vote could see it, which torchft's error tracking rules out; never guess
+            raise FatalWorkerError(
+                "step committed without its contributing slots", ExitCode.PROCESS_FAULT
+            )
         elif self.checkpointer is not None:
             self.checkpointer.failures_seen += 1
         self._event(
             "commit" if ok else "abort",
             step=plan.step,
-            participants=plan.participants,
+            participants=k,
             healing=healing,
             step_s=step_s,
             compute_s=compute_s,
@@ -552,7 +640,7 @@ class FTHSDP:
             self.reporter.status(
                 step=self.step,
                 quorum_id=self.manager._quorum_id,
-                participants=plan.participants,
+                participants=k,
                 healing=healing,
                 step_time_s=step_s,
                 compute_s=compute_s,
@@ -582,11 +670,21 @@ class FTHSDP:
 
     def _after_commit(self) -> None:
         if self.checkpointer is not None:
-            self.checkpointer.maybe_save(self, self._last_participant)
+            self.checkpointer.maybe_save(self, 0 if self._saver else None)
 
     # ------------------------------------------------------------------ state
     def _heal_state(self) -> dict[str, Any]:
-        """State a healing peer fetches: local shards only (runs on torchft's quorum thread)."""
+        """State a healing peer fetches (runs on torchft's quorum thread): the snapshot taken on
+        the main thread after the last vote. The quorum overlaps the forward pass, during which
+        FSDP swaps the module's parameters for unsharded ones, so the quorum thread must not walk
+        the module itself; the snapshot holds the sharded tensors, which change only in
+        `opt.step()`, after the vote has closed the checkpoint server."""
+        if self._heal_snapshot is None:
+            raise RuntimeError("no state to send yet: ft.optimizer(...) was not called")
+        return self._heal_snapshot
+
+    def _snapshot(self) -> None:
+        """Take the state a healing peer may fetch (main thread, outside forward/backward)."""
         from torch.distributed.tensor import DTensor
 
         assert self.model is not None and self.optim is not None
@@ -599,11 +697,11 @@ class FTHSDP:
                 for k, v in st.items()
             }
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
-        return {
+        self._heal_snapshot = {
             "params": params,
             "optim": opt_state,
             "groups": groups,
-            "cursor": self.cursor,
+            "ledger": self.ledger_state.to_json(),
             "extra": dict(self.extra_state),
         }
 
@@ -635,7 +733,7 @@ class FTHSDP:
                 self.optim.state[p] = new
             for group, saved in zip(self.optim.param_groups, state["groups"], strict=True):
                 group.update(saved)
-        self.cursor = int(state["cursor"])
+        self.ledger_state = ledger.LedgerState.from_json(state["ledger"])
         self.extra_state.clear()
         self.extra_state.update(state["extra"])
 
@@ -651,7 +749,7 @@ class FTHSDP:
             "fthsdp": {
                 "manager_step": self.manager.current_step(),
                 "batches_committed": self.manager.batches_committed(),
-                "cursor": self.cursor,
+                "ledger": self.ledger_state.to_json(),
                 "extra": dict(self.extra_state),
             },
         }
@@ -667,7 +765,7 @@ class FTHSDP:
         self.manager.load_state_dict(
             {"step": int(meta["manager_step"]), "batches_committed": int(meta["batches_committed"])}
         )
-        self.cursor = int(meta["cursor"])
+        self.ledger_state = ledger.LedgerState.from_json(meta["ledger"])
         self.extra_state.clear()
         self.extra_state.update(meta["extra"])
 
@@ -752,6 +850,8 @@ class FTOptimizer:
         ok = self.ft._commit()
         if ok:
             self.optim.step()
+        self.ft._snapshot()  # before a checkpoint or the next quorum reads the state
+        if ok:
             self.ft._after_commit()
         return ok
 

@@ -2,29 +2,41 @@
 
 torchft makes the *model* state consistent across failures, but not the data: a replica that dies
 and comes back would, with a per-replica data loader, either replay or skip batches (torchft issues
-#37 and #309). FT-HSDP fixes this with one global sample cursor that is part of the committed
-state. At every step the quorum's participants (the replicas at the highest step, in the quorum's
-fixed order) each take the next `replica_batch` samples from the cursor, in that order; a healing
-replica takes none (its gradient is zeroed anyway); a committed step advances the cursor by
-`participants * replica_batch`. The cursor travels with the state a healing replica fetches, so
-after any sequence of failures the committed steps tile the sample stream exactly once.
+#37 and #309). FT-HSDP fixes this with a ledger that is part of the committed state.
 
-Everything here is pure arithmetic over plain data, tested by tables; the worker (`runtime.api`)
-calls it and writes one `LedgerRecord` per committed step to a JSON-lines log that the local
-launcher and the tests verify with `verify`.
+A step's data must be known before its quorum is (the quorum overlaps forward and backward, as in
+torchft), so it cannot depend on who takes part. Instead the global batch of a step has one fixed
+*slot* per configured replica (slot = replica id) and every slot gets one *unit* of `replica_batch`
+samples, decided by the committed state alone:
+
+* the state is a cursor into the sample stream, the units *pending* re-issue, and the slots that
+  contributed to the last committed step;
+* units are handed out pending first, then fresh from the cursor, to the slots that contributed
+  last time first (so a re-issued unit goes to a replica likely alive), then the others, each group
+  in slot order;
+* when a step commits, the units of the slots that contributed (the replicas at the quorum's max
+  step, which the worker learns from a one-hot allreduce) are trained; every other unit (a missing,
+  healing or just-joined replica's) goes back to pending, oldest sample first.
+
+Pending never holds more than one unit per slot, the committed units never overlap, and together
+with the final pending units they tile the stream from where the run started: every sample exactly
+once. The state travels with the state a healing replica fetches. Pure arithmetic, tested by
+tables; the worker (`runtime.api`) writes one `LedgerRecord` per committed step, and `verify`
+replays the records.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Slot:
-    """One replica's share of one step: samples [lo, hi) of the global stream."""
+    """One unit of samples [lo, hi) of the global stream (one replica's share of a step)."""
 
     lo: int
     hi: int
@@ -39,42 +51,141 @@ class Slot:
         return range(self.lo, self.hi)
 
 
-def assign(
-    cursor: int, participant: int | None, participants: int, replica_batch: int
-) -> Slot | None:
-    """The slot of participant number `participant` (None: healing or not participating)."""
-    if participant is None:
-        return None
-    if not 0 <= participant < participants:
-        raise ValueError(f"participant {participant} outside 0..{participants - 1}")
-    lo = cursor + participant * replica_batch
-    return Slot(lo, lo + replica_batch)
+@dataclass(frozen=True)
+class LedgerState:
+    """The committed ledger: cursor, units awaiting re-issue, last step's contributing slots."""
+
+    cursor: int = 0
+    pending: tuple[Slot, ...] = ()
+    last: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "cursor": self.cursor,
+                "pending": [[s.lo, s.hi] for s in self.pending],
+                "last": self.last,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> LedgerState:
+        data = json.loads(text)
+        return cls(
+            cursor=int(data["cursor"]),
+            pending=tuple(Slot(int(lo), int(hi)) for lo, hi in data["pending"]),
+            last=tuple(int(s) for s in data["last"]),
+        )
 
 
-def advance(cursor: int, participants: int, replica_batch: int) -> int:
-    """The cursor after a committed step with `participants` data-taking replicas."""
-    return cursor + participants * replica_batch
+def slot_order(state: LedgerState, slots: int) -> list[int]:
+    """Slots in the order they receive units: last step's contributors, then the rest."""
+    first = sorted(s for s in set(state.last) if 0 <= s < slots)
+    return first + [s for s in range(slots) if s not in set(first)]
+
+
+def issue(state: LedgerState, slots: int, replica_batch: int) -> list[Slot]:
+    """The unit of every slot (index = slot) for the next step, from the committed state only."""
+    if slots < 1 or replica_batch < 1:
+        raise ValueError(f"slots={slots} and replica_batch={replica_batch} must be >= 1")
+    units = list(state.pending[:slots])
+    fresh = state.cursor
+    while len(units) < slots:
+        units.append(Slot(fresh, fresh + replica_batch))
+        fresh += replica_batch
+    out: list[Slot | None] = [None] * slots
+    for slot, unit in zip(slot_order(state, slots), units, strict=True):
+        out[slot] = unit
+    return [u for u in out if u is not None]
+
+
+def take(state: LedgerState, slot: int, slots: int, replica_batch: int) -> Slot:
+    """This replica's unit for the next step (slot = replica id)."""
+    if not 0 <= slot < slots:
+        raise ValueError(f"slot {slot} outside 0..{slots - 1}")
+    return issue(state, slots, replica_batch)[slot]
+
+
+def commit(
+    state: LedgerState, contributors: Iterable[int], slots: int, replica_batch: int
+) -> LedgerState:
+    """The state after a step in which exactly `contributors` trained their units."""
+    done = sorted(set(contributors))
+    if not done or not all(0 <= s < slots for s in done):
+        raise ValueError(f"contributors {done} must be a non-empty subset of 0..{slots - 1}")
+    units = issue(state, slots, replica_batch)
+    fresh = slots - min(len(state.pending), slots)
+    back = [units[s] for s in range(slots) if s not in set(done)]
+    pending = tuple(sorted([*state.pending[slots:], *back]))
+    return LedgerState(
+        cursor=state.cursor + fresh * replica_batch, pending=pending, last=tuple(done)
+    )
 
 
 @dataclass(frozen=True)
 class LedgerRecord:
     """What one replica's leader writes when a step commits.
 
-    `step` is the step that committed (the training step number before the commit), `cursor` the
-    global cursor it started from, `participants` how many replicas took data, and `lo`/`hi` this
-    replica's own share (None when it was healing and took none).
+    `step` is the step that committed, `cursor`/`pending`/`last` the ledger state it started from,
+    `contributors` the slots whose units were trained, and `lo`/`hi` this replica's own unit (None
+    when it did not contribute: healing or just joined). Any one record of a step is enough to
+    replay the step.
     """
 
     step: int
     replica: int
     cursor: int
-    participants: int
+    pending: list[list[int]]
+    last: list[int]
+    contributors: list[int]
+    slots: int
     replica_batch: int
     lo: int | None = None
     hi: int | None = None
 
+    @property
+    def participants(self) -> int:
+        return len(self.contributors)
+
+    def state(self) -> LedgerState:
+        return LedgerState(
+            cursor=self.cursor,
+            pending=tuple(Slot(lo, hi) for lo, hi in self.pending),
+            last=tuple(self.last),
+        )
+
+    def head(self) -> str:
+        keys = ("cursor", "pending", "last", "contributors", "slots", "replica_batch")
+        return json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data: dict[str, Any] = json.loads(self.head())
+        data.update(step=self.step, replica=self.replica, lo=self.lo, hi=self.hi)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def make(
+        cls,
+        step: int,
+        replica: int,
+        state: LedgerState,
+        contributors: Sequence[int],
+        slots: int,
+        replica_batch: int,
+    ) -> LedgerRecord:
+        mine = take(state, replica, slots, replica_batch) if replica in contributors else None
+        return cls(
+            step=step,
+            replica=replica,
+            cursor=state.cursor,
+            pending=[[s.lo, s.hi] for s in state.pending],
+            last=list(state.last),
+            contributors=sorted(contributors),
+            slots=slots,
+            replica_batch=replica_batch,
+            lo=mine.lo if mine else None,
+            hi=mine.hi if mine else None,
+        )
 
 
 @dataclass
@@ -82,56 +193,114 @@ class LedgerVerdict:
     ok: bool
     steps: int
     samples: int
+    pending: int = 0
     problems: list[str] = field(default_factory=list)
 
 
 def verify(records: Iterable[LedgerRecord]) -> LedgerVerdict:
-    """Check that committed steps tile the sample stream exactly once.
+    """Replay the committed steps and check that every sample was trained exactly once.
 
-    Every record of one step must agree on cursor and participants (replicas that committed the
-    same step saw the same quorum); the steps, in order, must start where the previous one ended
-    (no gap = nothing skipped, no overlap = nothing trained twice); each replica's own share must
-    be the slot its participant number gives, and no two replicas may claim the same slot.
+    Records of one step must agree on the state and the contributors (they saw the same quorum);
+    each step must start from the state the previous one left; a replica's own unit must be the
+    one its slot was issued. Then the trained units may not overlap (nothing trained twice), and
+    with the units still pending at the end they must tile the stream from where the first step
+    started (nothing skipped).
     """
     by_step: dict[int, list[LedgerRecord]] = {}
     for rec in records:
         by_step.setdefault(rec.step, []).append(rec)
     problems: list[str] = []
-    expected_cursor = None
-    samples = 0
+    trained: list[tuple[Slot, int]] = []
+    start: LedgerState | None = None
+    after: LedgerState | None = None
+    geometry: tuple[int, int] | None = None
     for step in sorted(by_step):
         recs = by_step[step]
-        heads = {(r.cursor, r.participants, r.replica_batch) for r in recs}
+        heads = {r.head() for r in recs}
         if len(heads) != 1:
-            problems.append(f"step {step}: replicas disagree on (cursor, participants): {heads}")
+            problems.append(f"step {step}: replicas disagree on the ledger state: {sorted(heads)}")
             continue
-        cursor, participants, replica_batch = heads.pop()
-        if expected_cursor is not None and cursor != expected_cursor:
-            kind = "skipped" if cursor > expected_cursor else "repeated"
+        ref = recs[0]
+        state = ref.state()
+        if geometry is None:
+            geometry = (ref.slots, ref.replica_batch)
+        elif geometry != (ref.slots, ref.replica_batch):
+            problems.append(f"step {step}: slots/batch changed from {geometry}")
+            continue
+        if after is not None and state != after:
+            kind = "skipped" if state.cursor > after.cursor else "repeated"
             problems.append(
-                f"step {step}: starts at sample {cursor}, previous step ended at "
-                f"{expected_cursor} ({kind} samples)"
+                f"step {step}: starts from cursor {state.cursor} pending {list(state.pending)}, "
+                f"previous step left cursor {after.cursor} pending {list(after.pending)} "
+                f"({kind} samples)"
             )
-        end = advance(cursor, participants, replica_batch)
-        claimed: dict[tuple[int, int], int] = {}
+        try:
+            units = issue(state, ref.slots, ref.replica_batch)
+            after = commit(state, ref.contributors, ref.slots, ref.replica_batch)
+        except ValueError as exc:
+            problems.append(f"step {step}: {exc}")
+            after = None
+            continue
+        start = start or state
         for r in recs:
-            if r.lo is None or r.hi is None:
+            if not 0 <= r.replica < ref.slots:
+                problems.append(f"step {step}: replica {r.replica} has no slot of {ref.slots}")
                 continue
-            if (r.lo - cursor) % replica_batch or not cursor <= r.lo < r.hi <= end:
-                problems.append(f"step {step}: replica {r.replica} share [{r.lo},{r.hi}) off-slot")
-            other = claimed.setdefault((r.lo, r.hi), r.replica)
-            if other != r.replica:
+            own = (r.lo, r.hi)
+            want = (
+                (units[r.replica].lo, units[r.replica].hi) if r.replica in r.contributors else None
+            )
+            if want is None and own != (None, None):
                 problems.append(
-                    f"step {step}: replicas {other} and {r.replica} both trained [{r.lo},{r.hi})"
+                    f"step {step}: replica {r.replica} did not contribute but has {own}"
                 )
-        samples += end - cursor
-        expected_cursor = end
+            elif want is not None and own != want:
+                problems.append(f"step {step}: replica {r.replica} share {own} off-slot {want}")
+        trained += [(units[s], step) for s in ref.contributors]
+    samples = sum(u.hi - u.lo for u, _ in trained)
+    if start is not None and after is not None:
+        problems += _tiling(start, after, trained)
     if by_step:
         steps = sorted(by_step)
         missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
         if missing:
             problems.append(f"steps never committed: {missing[:10]}")
-    return LedgerVerdict(ok=not problems, steps=len(by_step), samples=samples, problems=problems)
+    pending = sum(u.hi - u.lo for u in after.pending) if after else 0
+    return LedgerVerdict(
+        ok=not problems, steps=len(by_step), samples=samples, pending=pending, problems=problems
+    )
+
+
+def _merged(units: Iterable[Slot]) -> list[Slot]:
+    """Sorted, non-overlapping units with touching ones joined."""
+    out: list[Slot] = []
+    for unit in units:
+        if out and out[-1].hi == unit.lo:
+            out[-1] = Slot(out[-1].lo, unit.hi)
+        else:
+            out.append(unit)
+    return out
+
+
+def _tiling(start: LedgerState, end: LedgerState, trained: list[tuple[Slot, int]]) -> list[str]:
+    """Trained units plus the final pending ones cover start's region exactly once."""
+    problems: list[str] = []
+    pieces = sorted([*trained, *((u, -1) for u in end.pending)])
+    expected = sorted([*start.pending, Slot(start.cursor, end.cursor)])
+    region = [s for s in expected if s.hi > s.lo]
+    covered: list[Slot] = []
+    for unit, step in pieces:
+        if covered and unit.lo < covered[-1].hi:
+            where = f"step {step}" if step >= 0 else "pending"
+            problems.append(f"{where}: samples [{unit.lo},{unit.hi}) trained twice (repeated)")
+            continue
+        covered.append(unit)
+    merged, want = _merged(covered), _merged(region)
+    if merged != want:
+        problems.append(
+            f"trained + pending cover {merged[:5]}, expected {want[:5]} (skipped samples)"
+        )
+    return problems
 
 
 def read_log(paths: Iterable[Path]) -> list[LedgerRecord]:

@@ -1,4 +1,4 @@
-"""Table tests for the runtime's pure parts: env contract, data ledger, failure classification,
+"""Table tests for the runtime's pure parts: env contract, failure classification,
 Young/Daly, the report client (against a real local HTTP server) and the node watchdog."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from runtime import ledger
 from runtime.checkpoint import suggest, young_daly_interval_s
 from runtime.control.report import (
     ExitCode,
@@ -101,62 +100,6 @@ def test_control_file_reread(tmp_path: Path) -> None:
     assert found is not None and found.lighthouse == "http://b:1" and found.coordinator is None
     control.write_text("{half")
     assert read_control(control) is None
-
-
-# ---------------------------------------------------------------- ledger
-@pytest.mark.parametrize(
-    ("cursor", "participant", "participants", "batch", "expected"),
-    [
-        (0, 0, 2, 16, ledger.Slot(0, 16)),
-        (0, 1, 2, 16, ledger.Slot(16, 32)),
-        (64, 2, 3, 8, ledger.Slot(80, 88)),
-        (64, None, 3, 8, None),  # healing: takes no data
-    ],
-)
-def test_ledger_assign(
-    cursor: int,
-    participant: int | None,
-    participants: int,
-    batch: int,
-    expected: ledger.Slot | None,
-) -> None:
-    assert ledger.assign(cursor, participant, participants, batch) == expected
-
-
-def test_ledger_rank_slices_tile_a_replica_share() -> None:
-    slot = ledger.Slot(32, 48)
-    parts = [slot.rank_slice(w, 2) for w in range(2)]
-    assert parts == [ledger.Slot(32, 40), ledger.Slot(40, 48)]
-    assert ledger.advance(32, 3, 16) == 80
-
-
-def rec(step: int, replica: int, cursor: int, k: int, lo: int | None) -> ledger.LedgerRecord:
-    return ledger.LedgerRecord(step, replica, cursor, k, 4, lo, None if lo is None else lo + 4)
-
-
-@pytest.mark.parametrize(
-    ("records", "ok", "problem"),
-    [
-        ([rec(0, 0, 0, 2, 0), rec(0, 1, 0, 2, 4), rec(1, 0, 8, 1, 8)], True, ""),
-        # a healing replica records the step without a share
-        ([rec(0, 0, 0, 1, 0), rec(0, 1, 0, 1, None), rec(1, 0, 4, 2, 4)], True, ""),
-        ([rec(0, 0, 0, 2, 0), rec(1, 0, 12, 2, 12)], False, "skipped"),
-        ([rec(0, 0, 0, 2, 0), rec(1, 0, 4, 2, 4)], False, "repeated"),
-        ([rec(0, 0, 0, 2, 0), rec(0, 1, 0, 1, 0)], False, "disagree"),
-        ([rec(0, 0, 0, 2, 0), rec(0, 1, 0, 2, 0)], False, "both trained"),
-        ([rec(0, 0, 0, 1, 0), rec(2, 0, 4, 1, 4)], False, "never committed"),
-    ],
-)
-def test_ledger_verify(records: list[ledger.LedgerRecord], ok: bool, problem: str) -> None:
-    verdict = ledger.verify(records)
-    assert verdict.ok is ok, verdict.problems
-    assert ok or any(problem in p for p in verdict.problems)
-
-
-def test_ledger_log_roundtrip_skips_torn_line(tmp_path: Path) -> None:
-    path = tmp_path / "r0.jsonl"
-    path.write_text(rec(0, 0, 0, 1, 0).to_json() + "\n" + '{"step": 1, "repl')
-    assert ledger.read_log([path]) == [rec(0, 0, 0, 1, 0)]
 
 
 # ---------------------------------------------------------------- failure classes
