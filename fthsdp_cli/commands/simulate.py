@@ -101,6 +101,21 @@ def _table(records: list[dict[str, Any]]) -> Table:
 @click.option("--rack-failures-per-day", type=float, default=None, help="Correlated rack events.")
 @click.option("--rack-span-replicas", type=int, default=None, help="Replicas one rack event hits.")
 @click.option("--checkpoint-interval-s", type=float, default=None, help="Default: Young/Daly.")
+@click.option(
+    "--report-interval-s", type=float, default=None, help="Status report interval (default 1)."
+)
+@click.option(
+    "--reporters-per-replica",
+    type=int,
+    default=None,
+    help="Reporters per replica: 1 (the leader) or its node count (per-node watchdogs).",
+)
+@click.option(
+    "--report-cost-s",
+    type=float,
+    default=None,
+    help="Coordinator time per report (default: measured by benchmarks/control_load.py).",
+)
 @click.option("--checkpoint-write-s", type=float, default=None, help="Blocking write time.")
 @click.option("--days", type=float, default=None, help="Simulated wall-clock days per run.")
 @click.option("--runs", type=int, default=None, help="Monte Carlo runs.")
@@ -125,6 +140,9 @@ def simulate(
     rack_failures_per_day: float | None,
     rack_span_replicas: int | None,
     checkpoint_interval_s: float | None,
+    report_interval_s: float | None,
+    reporters_per_replica: int | None,
+    report_cost_s: float | None,
     checkpoint_write_s: float | None,
     days: float | None,
     runs: int | None,
@@ -152,6 +170,9 @@ def simulate(
         rack_failures_per_day=rack_failures_per_day,
         rack_span_replicas=rack_span_replicas,
         checkpoint_interval_s=checkpoint_interval_s,
+        report_interval_s=report_interval_s,
+        reporters_per_replica=reporters_per_replica,
+        report_cost_s=report_cost_s,
         checkpoint_write_s=checkpoint_write_s,
         days=days,
         runs=runs,
@@ -163,6 +184,11 @@ def simulate(
         with Console(stderr=True).status("simulating"):
             comparisons = compare(params, counts)
     records = [c.record(params) for c in comparisons]
+    for c in comparisons:
+        # one coordinator per run: warn (stderr, so --json stays parseable) when it cannot hold it
+        line = params.control_load(c.fthsdp.replicas).warning()
+        if line:
+            click.echo(f"fthsdp simulate: R={c.fthsdp.replicas}: {line}", err=True)
     if plot is not None:
         from runtime.sim.plot import plot_ettr_vs_replicas
 

@@ -279,6 +279,7 @@ class Comparison:
             "sync": self.sync.summary(),
             "fthsdp": self.fthsdp.summary(),
             "params": params.with_changes(replicas=self.fthsdp.replicas).as_dict(),
+            "control_plane": params.control_load(self.fthsdp.replicas).as_dict(),
         }
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.sim.analytic import power_law_interpolate, young_daly_interval_s
+from runtime.sim.control import MEASURED_REPORT_COST_S, ControlLoad, control_load
 from slurm.errors import InputError
 
 SECONDS_PER_DAY = 86_400.0
@@ -52,6 +53,12 @@ class SimParams:
     quorum_stall_s: float = 60.0
     checkpoint_write_s: float = 20.0
     checkpoint_interval_s: float | None = None  # None: Young/Daly per mode
+    # The control plane: each reporter (a replica's leader, or each node with per-node
+    # watchdogs) reports every `report_interval_s`; one report costs the coordinator
+    # `report_cost_s` (runtime.sim.control, measured by benchmarks/control_load.py).
+    report_interval_s: float = 1.0
+    reporters_per_replica: int = 1
+    report_cost_s: float = MEASURED_REPORT_COST_S
     days: float = 30.0
     runs: int = 100
     seed: int = 0
@@ -149,6 +156,15 @@ class SimParams:
             return math.inf
         return young_daly_interval_s(self.checkpoint_write_s, mtbf)
 
+    def control_load(self, replicas: int | None = None) -> ControlLoad:
+        """What this configuration (with `replicas`, default its own) asks of one coordinator."""
+        return control_load(
+            replicas or self.replicas,
+            self.reporters_per_replica,
+            self.report_interval_s,
+            self.report_cost_s,
+        )
+
     def with_changes(self, **changes: Any) -> SimParams:
         return dataclasses.replace(self, **changes)
 
@@ -167,6 +183,11 @@ class SimParams:
         _positive_int("replicas", self.replicas)
         _positive_int("runs", self.runs)
         _positive_int("rack_span_replicas", self.rack_span_replicas)
+        _positive_int("reporters_per_replica", self.reporters_per_replica)
+        for name in ("report_interval_s", "report_cost_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise InputError(name, value, "must be a finite number > 0")
         if self.gpus % self.gpus_per_node:
             raise InputError(
                 "gpus", self.gpus, f"must be a multiple of gpus_per_node={self.gpus_per_node}"
