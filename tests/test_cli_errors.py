@@ -83,6 +83,8 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["events", "{good}"], 2, "control.sqlite"),
     (["check", "--config", "/nonexistent.toml"], 2, "--config"),
     (["check", "--only", "bogus"], 2, "bogus"),
+    (["check", "--sysfs-root", "/nope", "--only", "infiniband"], 2, "--sysfs-root"),
+    (["check", "--kernel-log", "/nope", "--only", "xid"], 2, "--kernel-log"),
     (["simulate", "--gpus", "-1"], 2, "gpus"),
     (["doctor", "--spec", "/nonexistent.toml"], 2, "SPEC"),
     (["run", "--local", "/nonexistent.toml"], 2, ""),

@@ -2,7 +2,8 @@
 
 `check` runs the suite here and presents it (a rich table, or `--json` with the contract
 `{"healthy", "checks": [{"name", "status", "detail"}], "drain_reason"}`); it changes nothing in
-Slurm. Exit 0 healthy, 1 unhealthy, 2 bad usage or config. The other three are the Slurm entry
+Slurm. Exit 0 healthy, 1 unhealthy, 2 bad usage or config (a path given explicitly must exist:
+a missing one is a typo, not a node without that hardware). The other three are the Slurm entry
 points (`prolog_epilog.entrypoints`) under the `fthsdp` command.
 """
 
@@ -38,13 +39,13 @@ _STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "error": "magenta", 
 )
 @click.option(
     "--sysfs-root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
     default=None,
     help="Read InfiniBand state under DIR/class/infiniband.",
 )
 @click.option(
     "--kernel-log",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
     help="Read Xids from this file instead of the configured kernel log.",
 )
