@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from slurm.errors import InputError
+from slurm.records import SlurmVersion
 from slurm.slurm_config import Partition, SlurmConfig, Topology, read_config, read_topology
+from slurm.slurm_json import TESTED_RELEASES
 from slurm.spec import JobSpec
 
 Status = Literal["pass", "warn", "fail"]
-#: Releases in fthsdp's test matrix (major, minor).
-TESTED = ((22, 5), (24, 11), (26, 5))
 #: topology/block with BlockSizes and sbatch --segment appeared in Slurm 24.05 (its NEWS and man
 #: pages; the plugin's first cut in 23.11 had neither).
-BLOCK_SINCE = (24, 5)
+BLOCK_SINCE = SlurmVersion(24, 5, 0)
 MIN_JOB_AGE_S = 300
 BF_INTERVAL_MAX_S = 30
 PROLOG_LINE = "Prolog=/usr/local/bin/fthsdp-prolog"
@@ -50,10 +50,6 @@ class Finding:
         return asdict(self)
 
 
-def _v(version: tuple[int, int, int]) -> str:
-    return f"{version[0]}.{version[1]:02d}"
-
-
 def _missing(cfg: SlurmConfig, key: str) -> Finding | None:
     if key in cfg.settings:
         return None
@@ -69,10 +65,9 @@ def _with_item(cfg: SlurmConfig, key: str, item: str, drop: str | None = None) -
 
 
 def check_version(cfg: SlurmConfig) -> Finding:
-    v = cfg.version
-    if v[:2] in TESTED:
+    if cfg.version.release in TESTED_RELEASES:
         return Finding("SLURM_VERSION", "pass", f"Slurm {cfg.version_text}")
-    tested = ", ".join(f"{a}.{b:02d}" for a, b in TESTED)
+    tested = ", ".join(TESTED_RELEASES)
     return Finding(
         "SLURM_VERSION",
         "warn",
@@ -215,12 +210,12 @@ def check_topology(
     plugin = cfg.get("TopologyPlugin")
     if required is None:
         return Finding("TopologyPlugin", "pass", f"{plugin or 'none'} (no spec asks for one)")
-    if required == "block" and cfg.version[:2] < BLOCK_SINCE:
+    if required == "block" and cfg.version < BLOCK_SINCE:
         return Finding(
             "TopologyPlugin",
             "fail",
             f"the spec asks for topology/block, which Slurm {cfg.version_text} lacks "
-            f"(it needs {_v((*BLOCK_SINCE, 0))} or later)",
+            f"(it needs {BLOCK_SINCE.release} or later)",
         )
     want = f"topology/{required}"
     if topology is not None:
@@ -364,7 +359,7 @@ def run_checks(
 def wants_topology(cfg: SlurmConfig, spec: JobSpec | None) -> bool:
     """Whether to read `scontrol show topology`: a spec asks for a topology this release has."""
     required = spec.replicas.required_topology if spec else None
-    return required == "tree" or (required == "block" and cfg.version[:2] >= BLOCK_SINCE)
+    return required == "tree" or (required == "block" and cfg.version >= BLOCK_SINCE)
 
 
 def exit_code(findings: Iterable[Finding]) -> int:
@@ -382,7 +377,7 @@ def summary(findings: Sequence[Finding]) -> dict[Status, int]:
 def require_topology_support(
     spec: JobSpec,
     read: Callable[[], SlurmConfig] = read_config,
-    read_shown: Callable[[str], Topology] = read_topology,
+    read_shown: Callable[[SlurmVersion], Topology] = read_topology,
 ) -> None:
     """Refuse (InputError, exit 2) a block-topology spec where slurmctld schedules no blocks:
     a release before 24.05, or a cluster whose topology is not block.
@@ -393,7 +388,7 @@ def require_topology_support(
     if spec.replicas.required_topology != "block":
         return
     cfg = read()
-    shown = read_shown(cfg.version_text) if wants_topology(cfg, spec) else None
+    shown = read_shown(cfg.version) if wants_topology(cfg, spec) else None
     finding = check_topology(cfg, "block", shown)
     if finding.status == "fail":
         raise InputError("replicas.topology", "block", finding.detail)

@@ -9,7 +9,7 @@ kept apart from the small readers. Settings that may be given several times prin
 list under the plain name.
 
 Fail safe: text that does not look like the output we know (no `Configuration data as of`
-header, no `SLURM_VERSION`) raises `UnrecognisedOutput` naming the command and the version,
+header, no `SLURM_VERSION`) raises `SlurmOutputError` naming the command and the version,
 never an empty config a caller would read as "nothing is set".
 """
 
@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slurm.errors import EnvironmentProblem
+from slurm.records import SlurmOutputError, SlurmVersion
 
 SHOW_CONFIG = ("scontrol", "show", "config")
 SHOW_PARTITIONS = ("scontrol", "show", "partition", "--oneliner")
@@ -36,19 +37,10 @@ class SlurmUnreachable(EnvironmentProblem):
     """scontrol is missing, or slurmctld did not answer (`fthsdp doctor` exits 3)."""
 
 
-class UnrecognisedOutput(RuntimeError):
-    """Slurm answered with text whose shape this fthsdp does not know."""
-
-    def __init__(self, command: tuple[str, ...], version: str, detail: str) -> None:
-        super().__init__(f"{' '.join(command)} (Slurm {version}): output not recognised ({detail})")
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """'22.05.8', 'slurm-wlm 24.11.5', 'slurm 26.05.0-0rc1' -> (major, minor, micro)."""
+def version_of(text: str) -> SlurmVersion | None:
+    """'22.05.8' (SLURM_VERSION), 'slurm 26.05.0-0rc1' -> SlurmVersion; None if none is there."""
     m = _VERSION.search(text)
-    if m is None:
-        raise ValueError(f"no Slurm version in {text!r}")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    return SlurmVersion(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
 @dataclass(frozen=True)
@@ -62,8 +54,10 @@ class SlurmConfig:
         object.__setattr__(self, "settings", types.MappingProxyType(dict(self.settings)))
 
     @property
-    def version(self) -> tuple[int, int, int]:
-        return parse_version(self.version_text)
+    def version(self) -> SlurmVersion:
+        version = version_of(self.version_text)
+        assert version is not None, "parse_show_config checks SLURM_VERSION"
+        return version
 
     def get(self, key: str) -> str | None:
         """The value, or None when unset (`(null)`, empty, or not printed by this release)."""
@@ -91,7 +85,7 @@ def parse_show_config(text: str) -> SlurmConfig:
     lines = text.splitlines()
     start = next((k for k, line in enumerate(lines) if line.startswith(_HEADER)), None)
     if start is None:
-        raise UnrecognisedOutput(SHOW_CONFIG, "unknown", f"no '{_HEADER}' line")
+        raise SlurmOutputError(SHOW_CONFIG, None, f"no '{_HEADER}' line")
     settings: dict[str, str] = {}
     for line in lines[start + 1 :]:
         if not line.strip():
@@ -104,12 +98,13 @@ def parse_show_config(text: str) -> SlurmConfig:
                 # 24.11+ print each of several Prolog/Epilog as `Prolog[0] = ...`, none if unset.
                 base = key.split("[", 1)[0]
                 settings[base] = f"{settings[base]},{value}" if base in settings else value
-    version = settings.get("SLURM_VERSION", "").strip()
-    if not version or not _VERSION.search(version):
-        raise UnrecognisedOutput(SHOW_CONFIG, "unknown", "no SLURM_VERSION line")
+    text_version = settings.get("SLURM_VERSION", "").strip()
+    version = version_of(text_version)
+    if version is None:
+        raise SlurmOutputError(SHOW_CONFIG, None, "no SLURM_VERSION line")
     if len(settings) < 20:
-        raise UnrecognisedOutput(SHOW_CONFIG, version, f"only {len(settings)} settings")
-    return SlurmConfig(version, settings)
+        raise SlurmOutputError(SHOW_CONFIG, version, f"only {len(settings)} settings")
+    return SlurmConfig(text_version, settings)
 
 
 @dataclass(frozen=True)
@@ -119,7 +114,7 @@ class Partition:
     state: str | None
 
 
-def parse_partitions(text: str, version: str) -> dict[str, Partition]:
+def parse_partitions(text: str, version: SlurmVersion | None) -> dict[str, Partition]:
     """`scontrol show partition --oneliner` -> name -> Partition (empty: the cluster has none)."""
     out: dict[str, Partition] = {}
     for line in text.splitlines():
@@ -128,7 +123,7 @@ def parse_partitions(text: str, version: str) -> dict[str, Partition]:
         pairs = {m.group("key"): m.group("value") for m in _PAIR.finditer(line)}
         name = pairs.get("PartitionName")
         if not name:
-            raise UnrecognisedOutput(SHOW_PARTITIONS, version, f"no PartitionName in {line[:60]!r}")
+            raise SlurmOutputError(SHOW_PARTITIONS, version, f"no PartitionName in {line[:60]!r}")
         out[name] = Partition(name, pairs.get("Default") == "YES", pairs.get("State"))
     return out
 
@@ -146,7 +141,7 @@ class Topology:
     base_blocks: Mapping[str, int] = field(default_factory=dict)
 
 
-def parse_topology(text: str, version: str) -> Topology:
+def parse_topology(text: str, version: SlurmVersion | None) -> Topology:
     """`scontrol show topology` -> Topology. 24.11 and 26.05 print one `BlockName=b1
     BlockIndex=0 Nodes=node[1-2] BlockSize=2` line per base block (and `AggregatedBlock=` lines
     for higher levels); trees print `SwitchName=` lines (22.05 to 26.05)."""
@@ -160,10 +155,10 @@ def parse_topology(text: str, version: str) -> Topology:
             continue
         size = pairs.get("BlockSize", "")
         if not size.isdigit():
-            raise UnrecognisedOutput(SHOW_TOPOLOGY, version, f"no BlockSize in {line[:60]!r}")
+            raise SlurmOutputError(SHOW_TOPOLOGY, version, f"no BlockSize in {line[:60]!r}")
         blocks[pairs["BlockName"]] = int(size)
     if blocks and switches:
-        raise UnrecognisedOutput(SHOW_TOPOLOGY, version, "both switches and blocks")
+        raise SlurmOutputError(SHOW_TOPOLOGY, version, "both switches and blocks")
     return Topology("block" if blocks else "tree" if switches else None, blocks)
 
 
@@ -185,11 +180,11 @@ def read_config(timeout: float = 30) -> SlurmConfig:
     return parse_show_config(_scontrol(SHOW_CONFIG, timeout))
 
 
-def read_partitions(version: str, timeout: float = 30) -> dict[str, Partition]:
+def read_partitions(version: SlurmVersion, timeout: float = 30) -> dict[str, Partition]:
     return parse_partitions(_scontrol(SHOW_PARTITIONS, timeout), version)
 
 
-def read_topology(version: str, timeout: float = 30) -> Topology:
+def read_topology(version: SlurmVersion, timeout: float = 30) -> Topology:
     try:
         return parse_topology(_scontrol(SHOW_TOPOLOGY, timeout), version)
     except SlurmUnreachable as exc:

@@ -29,14 +29,14 @@ from slurm.doctor import (
     spec_partitions,
 )
 from slurm.errors import InputError
+from slurm.records import SlurmOutputError, SlurmVersion
 from slurm.slurm_config import (
     SlurmConfig,
     Topology,
-    UnrecognisedOutput,
     parse_partitions,
     parse_show_config,
     parse_topology,
-    parse_version,
+    version_of,
 )
 from slurm.spec import JobSpec, parse_spec
 
@@ -123,14 +123,15 @@ def test_indexed_settings_are_folded() -> None:
 @pytest.mark.parametrize(
     ("text", "version"),
     [
-        ("22.05.8", (22, 5, 8)),
-        ("slurm-wlm 24.11.5", (24, 11, 5)),
-        ("slurm 26.05.0-0rc1", (26, 5, 0)),
-        ("25.11", (25, 11, 0)),
+        ("22.05.8", SlurmVersion(22, 5, 8)),
+        ("slurm-wlm 24.11.5", SlurmVersion(24, 11, 5)),
+        ("slurm 26.05.0-0rc1", SlurmVersion(26, 5, 0)),
+        ("25.11", SlurmVersion(25, 11, 0)),
+        ("(null)", None),
     ],
 )
-def test_parse_version(text: str, version: tuple[int, int, int]) -> None:
-    assert parse_version(text) == version
+def test_version_of(text: str, version: SlurmVersion | None) -> None:
+    assert version_of(text) == version
 
 
 @pytest.mark.parametrize(
@@ -141,12 +142,12 @@ def test_parse_version(text: str, version: tuple[int, int, int]) -> None:
         ("Configuration data as of 2026-11-30T15:16:37\nJobRequeue = 1\n", "no SLURM_VERSION"),
         (
             "Configuration data as of 2026-11-30T15:16:37\nSLURM_VERSION = 30.05.1\nA = 1\n",
-            "(Slurm 30.05.1): output not recognised (only 2 settings)",
+            "on Slurm 30.05.1: unexpected output: only 2 settings",
         ),
     ],
 )
 def test_unknown_shapes_are_errors_naming_command_and_version(text: str, message: str) -> None:
-    with pytest.raises(UnrecognisedOutput, match="scontrol show config") as info:
+    with pytest.raises(SlurmOutputError, match="scontrol show config") as info:
         parse_show_config(text)
     assert message in str(info.value)
 
@@ -163,11 +164,11 @@ def test_only_the_first_block_is_read() -> None:
 
 
 def test_partitions() -> None:
-    parts = parse_partitions((CAPTURES / "show-partition-22.05.8.txt").read_text(), "22.05.8")
+    parts = parse_partitions((CAPTURES / "show-partition-22.05.8.txt").read_text(), GOOD.version)
     assert list(parts) == ["gpu"] and parts["gpu"].default and parts["gpu"].state == "UP"
-    assert parse_partitions("No partitions in the system\n", "22.05.8") == {}
-    with pytest.raises(UnrecognisedOutput, match="partition --oneliner"):
-        parse_partitions("Name=gpu Nodes=x\n", "22.05.8")
+    assert parse_partitions("No partitions in the system\n", GOOD.version) == {}
+    with pytest.raises(SlurmOutputError, match="partition --oneliner"):
+        parse_partitions("Name=gpu Nodes=x\n", GOOD.version)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +306,7 @@ def test_checks_with_a_spec(
 
 def _shown(release: str, kind: str) -> Topology:
     text = (CAPTURES / f"show-topology-{release}-{kind}.txt").read_text()
-    return parse_topology(text, release)
+    return parse_topology(text, version_of(release))
 
 
 ON_24 = dataclasses.replace(_changed(GOOD, TopologyPlugin="topology/tree"), version_text="24.11.5")
@@ -339,9 +340,11 @@ def test_parse_topology(release: str) -> None:
     assert _shown(release, "tree") == Topology("tree", {})
     if release != "22.05.8":
         assert _shown(release, "block") == Topology("block", {"b1": 2, "b2": 2})
-    with pytest.raises(UnrecognisedOutput, match=r"show topology \(Slurm 30.05.1\)"):
-        parse_topology("BlockName=b1 Nodes=node[1-2] Size=2\n", "30.05.1")
-    assert parse_topology("", release) == Topology(None, {})
+    with pytest.raises(
+        SlurmOutputError, match=r"show topology on Slurm 30.05.1: unexpected output: no BlockSize"
+    ):
+        parse_topology("BlockName=b1 Nodes=node[1-2] Size=2\n", SlurmVersion(30, 5, 1))
+    assert parse_topology("", version_of(release)) == Topology(None, {})
 
 
 @pytest.mark.parametrize(
@@ -361,7 +364,7 @@ def test_segment_fits_a_base_block(
 
 
 def test_partitions_of_a_spec() -> None:
-    parts = parse_partitions((CAPTURES / "show-partition-22.05.8.txt").read_text(), "22.05.8")
+    parts = parse_partitions((CAPTURES / "show-partition-22.05.8.txt").read_text(), GOOD.version)
     spec = parse_spec(
         {
             "job": {"name": "t", "run_dir": "/tmp/t", "partition": "gpu"},

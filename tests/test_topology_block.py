@@ -22,8 +22,9 @@ import pytest
 from slurm import devcluster
 from slurm.doctor import BLOCK_SINCE
 from slurm.errors import InputError
+from slurm.records import SlurmVersion
 from slurm.render import render_replica
-from slurm.slurm_config import parse_version
+from slurm.slurm_json import parse_version
 from slurm.spec import JobSpec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +92,7 @@ def test_segment_is_rendered_only_for_block(
 # the real cluster
 
 
-def _slurm_version() -> tuple[int, int, int]:
+def _slurm_version() -> SlurmVersion:
     out = subprocess.run(
         [devcluster._binary("slurmd"), "-V"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
@@ -103,10 +104,9 @@ def _require_block() -> None:
 
     _require_slurm()
     version = _slurm_version()
-    if version[:2] < BLOCK_SINCE:
+    if version < BLOCK_SINCE:
         pytest.skip(
-            f"Slurm {version[0]}.{version[1]:02d}.{version[2]} has no topology/block or --segment "
-            f"(added in {BLOCK_SINCE[0]}.{BLOCK_SINCE[1]:02d})"
+            f"Slurm {version} has no topology/block or --segment (added in {BLOCK_SINCE.release})"
         )
 
 
@@ -307,10 +307,8 @@ def test_blocks_from_topology_yaml_are_seen_though_topology_plugin_says_tree(
 
     _require_slurm()
     version = _slurm_version()
-    if version[:2] < (25, 5):
-        pytest.skip(
-            f"Slurm {version[0]}.{version[1]:02d}.{version[2]} has no topology.yaml (25.05)"
-        )
+    if version < SlurmVersion(25, 5, 0):
+        pytest.skip(f"Slurm {version} has no topology.yaml (added in 25.05)")
     cfg = cluster("tree", yaml=TOPOLOGY_YAML)
     assert "TopologyPlugin          = topology/tree" in _sh(cfg, "scontrol", "show", "config")
     spec = tmp_path / "block.toml"
@@ -343,7 +341,7 @@ def test_submit_refuses_block_where_the_cluster_lacks_it(
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "replicas.topology: got 'block'; " in lines[0], lines
     version = _slurm_version()
-    if version[:2] < BLOCK_SINCE:
+    if version < BLOCK_SINCE:
         assert "lacks" in lines[0] and "24.05 or later" in lines[0]
     else:
         assert "topology/tree: the spec asks for topology/block" in lines[0]

@@ -42,9 +42,9 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     """Check this Slurm's configuration against what fthsdp relies on (changes nothing)."""
     from slurm.doctor import exit_code, run_checks, summary, wants_topology
+    from slurm.records import SlurmOutputError
     from slurm.slurm_config import (
         SlurmUnreachable,
-        UnrecognisedOutput,
         read_config,
         read_partitions,
         read_topology,
@@ -54,9 +54,9 @@ def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     spec = load_spec(spec_path) if spec_path is not None else None
     try:
         cfg = read_config(timeout)
-        partitions = read_partitions(cfg.version_text, timeout) if spec is not None else None
-        shown = read_topology(cfg.version_text, timeout) if wants_topology(cfg, spec) else None
-    except (SlurmUnreachable, UnrecognisedOutput) as exc:
+        partitions = read_partitions(cfg.version, timeout) if spec is not None else None
+        shown = read_topology(cfg.version, timeout) if wants_topology(cfg, spec) else None
+    except (SlurmUnreachable, SlurmOutputError) as exc:
         click.echo(f"fthsdp doctor: {exc}", err=True)
         sys.exit(EXIT_UNREACHABLE)
     findings = run_checks(cfg, spec, partitions, shown)
