@@ -32,6 +32,7 @@ from runtime.control.report import (
     ExitCode,
     FailureClass,
     ReplicaReport,
+    check_node,
     read_secret,
     replica_key_id,
     sign,
@@ -105,6 +106,24 @@ def classify_failure(exc: BaseException, node: str | None) -> FailureVerdict:
     return FailureVerdict(verdict.failure, verdict.exit_code, node, evidence or verdict.evidence)
 
 
+def fit_report_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Clip free text to the sizes the coordinator accepts and drop a node name it would refuse
+    (a host name that is not a Slurm node name): a fatal report must not be lost to a 400."""
+    out = dict(fields)
+    if out.get("last_error") is not None:
+        out["last_error"] = str(out["last_error"])[:2000]
+    if out.get("evidence"):
+        out["evidence"] = [str(e)[:500] for e in list(out["evidence"])[:16]]
+    node = out.get("failed_node")
+    if node is not None:
+        try:
+            check_node(node, "failed_node")
+        except ValueError:
+            log.warning("not naming node %r in the report: not a Slurm node name", node)
+            out["failed_node"] = None
+    return out
+
+
 class ReportClient:
     """Non-blocking, signed report sender for one replica leader incarnation."""
 
@@ -162,6 +181,7 @@ class ReportClient:
 
     def _make(self, **fields: Any) -> ReplicaReport:
         self._seq += 1
+        fields = fit_report_fields(fields)
         return ReplicaReport(
             replica=self.replica,
             incarnation=self.incarnation,

@@ -242,3 +242,17 @@ def test_control_file_is_written_atomically(tmp_path: Path) -> None:
     write_control_file(tmp_path, {"coordinator": "http://b:2"})
     assert json.loads((tmp_path / "control.json").read_text()) == {"coordinator": "http://b:2"}
     assert [p.name for p in tmp_path.iterdir()] == ["control.json"]
+
+
+def test_the_leader_fits_its_report_to_what_the_coordinator_accepts() -> None:
+    from runtime.reporting import fit_report_fields
+
+    fields = fit_report_fields(
+        {"last_error": "e" * 5000, "evidence": ["x" * 900] * 40, "failed_node": "host.example.org"}
+    )
+    report = ReplicaReport(replica=0, incarnation="i", seq=1, job_id="5", kind="fatal", **fields)
+    data = json.loads(report.to_json())
+    assert ReplicaReport.from_dict(data).failed_node == "host.example.org"
+    bad = fit_report_fields({"failed_node": "node[1-2]"})
+    assert bad["failed_node"] is None
+    assert len(fields["evidence"]) == 16 and len(fields["last_error"]) == 2000
