@@ -247,3 +247,45 @@ def test_prolog_error_after_our_prolog_failed_is_taken_over_and_resumed(
     _wait(lambda: log.exists() and log.read_text().count("\n") >= 2, 60, "two node3 runs")
     node3 = _node(hc, "node3")
     assert node3.drained and node3.reason == "Prolog error"
+
+
+@pytest.mark.timeout(240)
+def test_healthcheck_never_races_a_failing_prolog(
+    health_cluster: HealthCluster, tmp_path: Path
+) -> None:
+    """A fault only the prolog sees (gone by the time HealthCheckProgram looks, every second):
+    the prolog drains node1 and exits 1; HealthCheckProgram, which sees a healthy node, must not
+    resume it before Slurm has acted on the prolog's exit (else Slurm drains it again as
+    `Prolog error`, which nobody resumes). It resumes only after the hold, and node1 ends in
+    service."""
+    hc = health_cluster
+    healthy_root = tmp_path / "hw-healthy"
+    for node in hc.cfg.node_names:
+        write_node_inputs(healthy_root, node, gpus=hc.cfg.gpus_per_node)
+    hc_config = tmp_path / "health-hc.toml"
+    hc_config.write_text(
+        dev_config_toml(healthy_root, state_root=hc.root, log_dir=hc.root, total_budget_s=10.0)
+        + f"[checks.gpu-count]\nexpected = {hc.cfg.gpus_per_node}\n"
+    )
+    wrapper = _wrapper(tmp_path / "hc-healthy.sh", "healthcheck", hc_config, hc.cfg.conf_path)
+    hc.cfg = devcluster.reconfigure(hc.cfg, health_check_program=wrapper, health_check_interval=1)
+    write_node_inputs(hc.root, "node1", faults=["xid79"])  # what the prolog sees
+    job = _sbatch(hc, "--requeue", "--exclude=node3,node4", "--output=/dev/null")
+    seen: set[str] = set()
+
+    def resumed() -> bool:
+        node1 = _node(hc, "node1")
+        seen.add(node1.reason if node1.drained else "")
+        return not node1.drained and int(_job_field(job, "Restarts") or 0) >= 1
+
+    _wait(resumed, 120, "node1 drained by the prolog, then resumed")
+    runs = [json.loads(x) for x in (hc.root / "health-node1.jsonl").read_text().splitlines()]
+    failed = [r["time"] for r in runs if r["mode"] == "prolog" and r["exit"] == 1]
+    resumes = [
+        r["time"]
+        for r in runs
+        if r["mode"] == "healthcheck" and r.get("action", {}).get("action") == "resume"
+    ]
+    assert failed and resumes, runs[-5:]
+    assert min(resumes) - max(f for f in failed if f <= min(resumes)) >= 19, (failed, resumes)
+    assert "Prolog error" not in seen, seen
