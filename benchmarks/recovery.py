@@ -9,7 +9,8 @@ Figures: healthy-replica stall (the longest gap between a surviving replica's co
 failure, minus a normal step), time to rejoin (relaunch -> first full step; and from the
 restarted process's first quorum), and ETTR over the run (useful replica-steps x median step /
 (replicas x wall time)). Targets: stall < 5 s, rejoin < 1 step after load, ETTR ratio vs sync > 1.
-Prints the figures and writes benchmarks/results/recovery.json.
+The three configurations run interleaved, `--repeat` times (default 5); medians and ranges go to
+benchmarks/figures/recovery.json (and benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
-STEPS = int(os.environ.get("BENCH_STEPS", "120"))
+from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
+
+STEPS = int(os.environ.get("BENCH_STEPS", "80"))
 KILL_AT = 20
 CKPT_EVERY = 10
 SLEEP = os.environ.get("BENCH_STEP_SLEEP_S", "0.1")
@@ -125,29 +128,73 @@ def synchronous(run_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    repeats = repeats_arg()
     tmp = Path(tempfile.mkdtemp(prefix="fthsdp-recovery-"))
-    result: dict[str, Any] = {
-        "steps": STEPS,
-        "kill_at_step": KILL_AT,
-        "ft_hsdp": ft(tmp / "ft", default_timeouts=False),
-        "ft_hsdp_torchft_default_timeouts": ft(tmp / "ft_default", default_timeouts=True),
-        "synchronous": synchronous(tmp / "sync"),
+    count = itertools.count()
+    configs: dict[str, Any] = {
+        "ft_hsdp": lambda: ft(tmp / f"ft-{next(count)}", default_timeouts=False),
+        "ft_default": lambda: ft(tmp / f"ftd-{next(count)}", default_timeouts=True),
+        "synchronous": lambda: synchronous(tmp / f"sync-{next(count)}"),
     }
-    result["ettr_ratio_vs_sync"] = result["ft_hsdp"]["ettr"] / result["synchronous"]["ettr"]
-    for name in ("ft_hsdp", "ft_hsdp_torchft_default_timeouts", "synchronous"):
-        row = result[name]
-        stall = row.get("healthy_stall_s", row.get("stall_s"))
-        print(
-            f"{name:34s} stall {stall:6.2f} s  ETTR {row['ettr']:.2f}  wall {row['wall_s']:.1f} s"
-        )
-    print(
-        f"rejoin (FT-HSDP): {result['ft_hsdp']['rejoin_s']} s from relaunch, "
-        f"{result['ft_hsdp']['rejoin_after_load_steps']} steps after load"
+    run = Run(
+        "recovery",
+        "Recovery from one failure",
+        f"3 replicas × 1 rank of `examples/train_tiny.py` ({SLEEP} s of work per step), "
+        f"{STEPS} steps; replica 2 killed with SIGKILL at step {KILL_AT} and restarted at once. "
+        "FT-HSDP with fthsdp's timeouts and with torchft's defaults, and a synchronous job "
+        f"(static HSDP, checkpoint every {CKPT_EVERY} steps: kill → restart every rank from the "
+        "last checkpoint). The three configurations run interleaved; the ETTR ratio is taken "
+        "within one repeat.",
+        repeats,
     )
-    print(f"ETTR ratio FT-HSDP / synchronous: {result['ettr_ratio_vs_sync']:.2f}")
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recovery.json").write_text(json.dumps(result, indent=2))
+    got = interleave(configs, repeats)
+    failed = [r for r in got["ft_hsdp"] + got["ft_default"] if not r["ok"]]
+    if failed:
+        raise SystemExit(f"recovery: an FT-HSDP run failed: {failed[0]}")
+    ft_rows, dflt, sync = got["ft_hsdp"], got["ft_default"], got["synchronous"]
+    run.row(
+        "healthy replicas' stall, FT-HSDP", [r["healthy_stall_s"] for r in ft_rows], "s", "< 5 s"
+    )
+    run.row(
+        "healthy replicas' stall, FT-HSDP with torchft's timeouts",
+        [r["healthy_stall_s"] for r in dflt],
+        "s",
+    )
+    run.row("stall of every rank, synchronous", [r["stall_s"] for r in sync], "s")
+    run.row(
+        "restarted replica: relaunch → participating, FT-HSDP",
+        [r["rejoin_s"] for r in ft_rows if r["rejoin_s"] is not None],
+        "s",
+    )
+    run.row(
+        "restarted replica: first quorum → participating, in steps",
+        [r["rejoin_after_load_steps"] for r in ft_rows if r["rejoin_after_load_steps"] is not None],
+        "steps",
+        "≤ 1 step after load",
+        1,
+    )
+    run.row("ETTR over the run, FT-HSDP", [r["ettr"] for r in ft_rows], "", digits=2)
+    run.row(
+        "ETTR over the run, FT-HSDP with torchft's timeouts",
+        [r["ettr"] for r in dflt],
+        "",
+        digits=2,
+    )
+    run.row("ETTR over the run, synchronous", [r["ettr"] for r in sync], "", digits=2)
+    run.row(
+        "ETTR FT-HSDP / synchronous",
+        [a["ettr"] / b["ettr"] for a, b in zip(ft_rows, sync, strict=True)],
+        "x",
+        "> 1",
+    )
+    run.row("steps redone by the synchronous job", [r["steps_redone"] for r in sync], "", digits=0)
+    bad = [r for r in ft_rows + dflt if not (r["weights_agree"] and r["ledger_ok"])]
+    run.notes.append(
+        f"- Every FT-HSDP run ended with agreeing weights and a clean ledger: "
+        f"{'yes' if not bad else f'no ({len(bad)} runs did not)'}."
+    )
+    run.extra["runs"] = got
+    run.write()
 
 
 if __name__ == "__main__":

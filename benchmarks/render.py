@@ -1,6 +1,7 @@
 """Render benchmark: a 1000-replica spec to scripts, and the CLI's import cost.
 
-Prints and writes benchmarks/results/render.json:
+The four measurements run interleaved, `--repeat` times (default 7); medians and ranges go to
+benchmarks/figures/render.json (and benchmarks/results/):
 - render_1000_s: wall time to render control + 1000 replica scripts (median of runs, warm);
 - render_1000_cold_s: the first render in a fresh process (template compile included);
 - cli_import_s: `python -c "import fthsdp_cli.main"` in a fresh process (median);
@@ -11,7 +12,6 @@ Target: render_1000_s < 0.5 and torch_imported false.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
+
 SPEC = ROOT / "tests" / "specs" / "basic.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "render.json"
 RUNS = 7
@@ -34,69 +38,77 @@ def _child(code: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _render_cli(out: str) -> float:
+    t = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fthsdp_cli",
+            "render",
+            str(SPEC),
+            "--set",
+            "replicas.count=1000",
+            "--out",
+            out,
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        check=True,
+    )
+    return time.perf_counter() - t
+
+
 def main() -> None:
-    cold = _child(
+    repeats = repeats_arg(RUNS)
+    from slurm.render import render_run
+    from slurm.spec import load_spec
+
+    spec = load_spec(SPEC, ["replicas.count=1000"])
+
+    def warm() -> float:
+        t = time.perf_counter()
+        scripts = render_run(spec)
+        elapsed = time.perf_counter() - t
+        assert len(scripts) == 1001
+        return elapsed
+
+    cold_code = (
         "import time; t=time.perf_counter(); "
         "from slurm.spec import load_spec; from slurm.render import render_run; "
         f"s=load_spec({str(SPEC)!r}, ['replicas.count=1000']); render_run(s); "
         "import sys; assert 'torch' not in sys.modules; print(time.perf_counter()-t)"
     )
-    from slurm.render import render_run
-    from slurm.spec import load_spec
-
-    spec = load_spec(SPEC, ["replicas.count=1000"])
-    render_run(spec)
-    times = []
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        scripts = render_run(spec)
-        times.append(time.perf_counter() - t)
-    assert len(scripts) == 1001
-    imports = [
-        _child(
-            "import time; t=time.perf_counter(); import fthsdp_cli.main; "
-            "print(time.perf_counter()-t)"
-        )
-        for _ in range(RUNS)
-    ]
-    cli = []
+    import_code = (
+        "import time; t=time.perf_counter(); import fthsdp_cli.main; print(time.perf_counter()-t)"
+    )
+    run = Run(
+        "render",
+        "Rendering",
+        "A spec with 1,000 replicas rendered to `control.sbatch` plus 1,000 replica scripts: "
+        "in-process (warm), in a fresh process (cold, template compile included), and through "
+        "`fthsdp render` to files (whole process); and the CLI's import alone. Interleaved.",
+        repeats,
+    )
     with tempfile.TemporaryDirectory() as out:
-        for _ in range(3):
-            t = time.perf_counter()
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "fthsdp_cli",
-                    "render",
-                    str(SPEC),
-                    "--set",
-                    "replicas.count=1000",
-                    "--out",
-                    out,
-                ],
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-                capture_output=True,
-                check=True,
-            )
-            cli.append(time.perf_counter() - t)
-    result = {
-        "replicas": 1000,
-        "render_1000_s": statistics.median(times),
-        "render_1000_min_s": min(times),
-        "render_1000_cold_s": cold,
-        "per_replica_us": statistics.median(times) / 1000 * 1e6,
-        "cli_import_s": statistics.median(imports),
-        "render_cli_s": statistics.median(cli),
-        "torch_imported": "torch" in sys.modules,
-        "target_render_1000_s": 0.5,
-        "runs": RUNS,
-    }
-    for key, value in result.items():
-        print(f"{key:>22}: {value:.4f}" if isinstance(value, float) else f"{key:>22}: {value}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    if result["render_1000_s"] >= 0.5 or result["torch_imported"]:
+        got = interleave(
+            {
+                "warm": warm,
+                "cold": lambda: _child(cold_code),
+                "import": lambda: _child(import_code),
+                "cli": lambda: _render_cli(out),
+            },
+            repeats,
+        )
+    run.row("render 1,000 replicas, warm", got["warm"], "s", "< 0.5 s")
+    run.row("per replica, warm", [t / 1000 * 1e6 for t in got["warm"]], "µs", digits=0)
+    run.row("render 1,000 replicas, cold process", got["cold"], "s")
+    run.row("import of the CLI", got["import"], "s")
+    run.row("`fthsdp render` of 1,000 replicas to files, whole process", got["cli"], "s")
+    torch_imported = "torch" in sys.modules
+    run.notes.append(f"- torch imported by render/CLI: {'yes' if torch_imported else 'no'}.")
+    run.write()
+    if statistics.median(got["warm"]) >= 0.5 or torch_imported:
         raise SystemExit("render benchmark missed its target")
 
 

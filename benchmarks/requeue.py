@@ -14,8 +14,8 @@ of `examples/train_tiny.py` + the control job + a spare node. An Xid 79 is injec
 The healthy replicas' stall is the longest time either of them went without a higher step in
 its reports during the outage, minus its normal reporting interval. The baseline is the
 same fault handled by requeuing every replica's job (all restart), measured the same way.
-Each scenario runs `REPEAT` times (argv[1], default 3) on a fresh cluster; prints every run and
-the per-phase medians, and writes benchmarks/results/requeue.json.
+The two scenarios run interleaved, `--repeat` times (default 5), each on a fresh cluster; medians
+and ranges go to benchmarks/figures/requeue.json (and benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from control_harness import cancel, fthsdp, replicas, write_spec  # noqa: E402
 
+from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 from slurm.backend import CommandBackend  # noqa: E402
@@ -174,30 +174,74 @@ PHASES = (
 )
 
 
+LABELS = {
+    "detect_s": "detect (in-job watchdog)",
+    "drain_requeue_s": "drain + requeue",
+    "allocate_prolog_s": "allocate + prolog",
+    "start_load_s": "start + load",
+    "catch_up_s": "catch-up",
+    "fault_to_participating_s": "**fault → replacement participating**",
+    "healthy_stall_s": "**healthy replicas' stall**",
+}
+TARGETS = {"fault_to_participating_s": "≤ 30 s", "healthy_stall_s": "< 5 s"}
+
+
+def one(whole_job: bool) -> dict[str, Any]:
+    """One scenario on a fresh health-gated dev cluster."""
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
+        work = Path(tmp)
+        base = devcluster.free_port_block(6, start=24000 + (os.getpid() % 100) * 10)
+        cfg = devcluster.with_health(
+            devcluster.DevClusterConfig(
+                directory=work / "cluster", ctld_port=base, slurmd_base_port=base + 1
+            )
+        )
+        with devcluster.running_cluster(cfg) as running:
+            os.environ["SLURM_CONF"] = str(running.conf_path)
+            out = run_scenario(running, work, whole_job)
+    print("whole_job" if whole_job else "per_replica", json.dumps(out), flush=True)
+    return out
+
+
 def main() -> None:
-    repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    results: dict[str, Any] = {}
-    for name, whole in (("per_replica", False), ("whole_job_baseline", True)):
-        runs = []
-        for _ in range(repeat):
-            with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
-                work = Path(tmp)
-                base = devcluster.free_port_block(6, start=24000 + (os.getpid() % 100) * 10)
-                cfg = devcluster.with_health(
-                    devcluster.DevClusterConfig(
-                        directory=work / "cluster", ctld_port=base, slurmd_base_port=base + 1
-                    )
-                )
-                with devcluster.running_cluster(cfg) as running:
-                    os.environ["SLURM_CONF"] = str(running.conf_path)
-                    runs.append(run_scenario(running, work, whole))
-            print(name, json.dumps(runs[-1]), flush=True)
-        medians = {p: round(statistics.median(r[p] for r in runs), 2) for p in PHASES}
-        results[name] = {"runs": runs, "median": medians}
-        print(name, "median", json.dumps(medians), flush=True)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "requeue.json").write_text(json.dumps(results, indent=2))
+    repeats = repeats_arg()
+    run = Run(
+        "requeue",
+        "Per-replica requeue on Slurm",
+        "The dev cluster (4 nodes, health-gated: the project's Prolog on every allocation), "
+        "3 replicas × 1 rank of `examples/train_tiny.py` + control job + one spare node, a fresh "
+        "cluster per run. An Xid 79 is injected into replica 1's node; the per-replica path "
+        "(watchdog → coordinator → drain + `scontrol requeue` of that job → prolog on the spare "
+        "node → start → heal) against a whole-job requeue baseline (every replica requeued), "
+        "interleaved. The baseline skips detection (counted 0) and restarts from step 0.",
+        repeats,
+    )
+    got = interleave({"per_replica": lambda: one(False), "whole_job": lambda: one(True)}, repeats)
+    for phase in PHASES:
+        run.row(
+            f"{LABELS[phase]}, per-replica",
+            [r[phase] for r in got["per_replica"]],
+            "s",
+            TARGETS.get(phase),
+            2,
+        )
+        run.row(
+            f"{LABELS[phase]}, whole-job baseline",
+            [r[phase] for r in got["whole_job"]],
+            "s",
+            digits=2,
+        )
+    run.row(
+        "healthy stall, per-replica / whole-job",
+        [
+            a["healthy_stall_s"] / b["healthy_stall_s"]
+            for a, b in zip(got["per_replica"], got["whole_job"], strict=True)
+            if b["healthy_stall_s"] > 0
+        ],
+        "x",
+    )
+    run.extra["runs"] = got
+    run.write()
 
 
 if __name__ == "__main__":

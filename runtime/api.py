@@ -68,6 +68,8 @@ log = logging.getLogger("fthsdp.runtime")
 
 #: Test hook: "REPLICA:RANK:STEP" makes that rank vote "no" once at that training step.
 INJECT_VOTE_NO_ENV = "FTHSDP_INJECT_VOTE_NO"
+#: "0" waits for every quorum before the step takes data (the benchmark's comparison point).
+OVERLAP_QUORUM_ENV = "FTHSDP_OVERLAP_QUORUM"
 
 
 class FatalWorkerError(RuntimeError):
@@ -156,6 +158,12 @@ class FTHSDP:
         self._saver = False  # this replica was the lowest contributing slot of the last commit
         self._replica_batch = 0
         self._overlap_next = False  # the next quorum may overlap the step (steady state)
+        overlap = os.environ.get(OVERLAP_QUORUM_ENV, "1")
+        if overlap not in ("0", "1"):
+            raise FatalWorkerError(
+                f"bad {OVERLAP_QUORUM_ENV}={overlap!r}: 0 or 1", ExitCode.BAD_ENV
+            )
+        self._overlap = overlap == "1"
         self._mask: torch.Tensor | None = None
         self._mask_work: Any = None
         self._quorum_error: Exception | None = None
@@ -600,7 +608,7 @@ class FTHSDP:
             self._wait_out_control_restart(
                 self._quorum_error, time.monotonic() + self.env.timeouts.join_s
             )
-        self._overlap_next = ok
+        self._overlap_next = ok and self._overlap
         if ok and contributors is not None:
             state = self.ledger_state  # after a heal: the peer's state, loaded in should_commit
             if self._ledger_file is not None:
