@@ -40,7 +40,8 @@ demo: install slurm-deps
 	$(BIN)/python examples/demo.py
 
 bench: install
-	for b in benchmarks/*.py; do case $$b in */__init__.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done
+	for b in benchmarks/*.py; do case $$b in */__init__.py|*/harness.py|*/report.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done
+	$(BIN)/python benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache benchmarks/results
