@@ -265,18 +265,24 @@ def step(state: RunState, event: Event) -> tuple[RunState, list[Action]]:
 
 
 def _copy_for(state: RunState, event: Event) -> RunState:
-    """A copy of what `event` may change: one replica (and the drained map) for events about
-    one replica, everything for ticks and restarts. Copying all replicas for every report would
-    make a 1,000-replica run's reports cost O(replicas) each."""
-    replica = getattr(event, "replica", None)
-    if isinstance(event, ReportReceived):
-        replica = event.report.replica
-    if isinstance(replica, int) and not isinstance(event, Tick | CoordinatorStarted):
-        replicas = dict(state.replicas)
-        if replica in replicas:
-            replicas[replica] = copy.deepcopy(replicas[replica])
-        return RunState(state.config, replicas, dict(state.drained))
-    return copy.deepcopy(state)
+    """A copy of what `event` may change: the replicas it concerns (and the drained map), or
+    everything for a restart. Copying all replicas for every report and every tick would make
+    a 1,000-replica run pay O(replicas) per event."""
+    if isinstance(event, CoordinatorStarted):
+        return copy.deepcopy(state)
+    if isinstance(event, Tick):
+        touched = [k for k, r in state.replicas.items() if _silence(state.config, r, event.at)]
+    else:
+        replica = getattr(event, "replica", None)
+        if isinstance(event, ReportReceived):
+            replica = event.report.replica
+        if not isinstance(replica, int):
+            return copy.deepcopy(state)
+        touched = [replica] if replica in state.replicas else []
+    replicas = dict(state.replicas)
+    for k in touched:
+        replicas[k] = copy.deepcopy(replicas[k])
+    return RunState(state.config, replicas, dict(state.drained))
 
 
 def apply(new: RunState, event: Event) -> list[Action]:
@@ -542,21 +548,27 @@ def _on_job(state: RunState, ev: JobObserved, actions: list[Action]) -> None:
         _set_phase(r, "done" if slurm_state == "COMPLETED" else "ended", ev.at)
 
 
+def _silence(cfg: PolicyConfig, r: ReplicaState, at: float) -> float | None:
+    """Seconds a replica has been silent past its limit at `at`, or None if it is not."""
+    if r.handled is not None:
+        return None
+    if r.phase in ("training", "healing"):
+        since = r.last_report_at if r.last_report_at is not None else r.phase_since
+        limit = cfg.report_timeout_s
+    elif r.phase in ("starting", "restarting"):
+        since = max(r.phase_since, r.last_report_at or 0.0)
+        limit = cfg.start_timeout_s
+    else:
+        return None
+    silent = at - since
+    return silent if silent > limit else None
+
+
 def _on_tick(state: RunState, ev: Tick, actions: list[Action]) -> None:
     cfg = state.config
     for r in state.replicas.values():
-        if r.handled is not None:
-            continue
-        if r.phase in ("training", "healing"):
-            since = r.last_report_at if r.last_report_at is not None else r.phase_since
-            limit = cfg.report_timeout_s
-        elif r.phase in ("starting", "restarting"):
-            since = max(r.phase_since, r.last_report_at or 0.0)
-            limit = cfg.start_timeout_s
-        else:
-            continue
-        silent = ev.at - since
-        if silent <= limit:
+        silent = _silence(cfg, r, ev.at)
+        if silent is None:
             continue
         node = r.nodes[0] if (r.nodes and cfg.drain_on_silence) else None
         _failure(
