@@ -516,3 +516,45 @@ def test_forged_reports_drain_nothing_on_slurm(slurm_cluster: Any, tmp_path: Pat
                 timeout=30,
                 check=False,
             )
+
+
+async def _partial_bodies(run_dir: Path) -> dict[str, Any]:
+    guard = GuardConfig(body_timeout_s=0.5)
+    running = await start_coordinator(_config(run_dir, guard=guard), RecordingBackend())
+    secret = read_secret(run_dir / "secret")
+    port = int(running.url.rsplit(":", 1)[1])
+    body = ReplicaReport(replica=0, incarnation="a", seq=1, job_id="100").to_json()
+    headers = sign(secret, replica_key_id(0), "POST", "/v1/reports", body)
+    head = "POST /v1/reports HTTP/1.1\r\nHost: x\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in headers.items()
+    )
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    out: dict[str, Any] = {}
+    try:
+        # A sender that stops half-way through its body and waits: 408 at the body deadline.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.encode() + body[:10])
+        await writer.drain()
+        out["slow"] = (await asyncio.wait_for(reader.read(200), 10)).split(b"\r\n")[0]
+        writer.close()
+        # A sender that hangs up half-way through its body.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.encode() + body[:10])
+        await writer.drain()
+        writer.close()
+        await asyncio.sleep(0.5)
+        out["refusals"] = running.coordinator.refusals.snapshot()
+        out["events"] = len(running.coordinator.journal.events())
+    finally:
+        await running.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_body_that_stops_costs_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        out = asyncio.run(_partial_bodies(tmp_path))
+    assert out["slow"] == b"HTTP/1.1 408 Request Timeout"
+    assert out["refusals"].get("408 /v1/reports") == 1
+    assert out["events"] == 1  # the coordinator's own start
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -51,6 +51,7 @@ from typing import Any
 
 import hostlist
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from runtime.control.guard import (
     ConnectionGuard,
@@ -331,12 +332,24 @@ class Coordinator:
         """Snapshot the state and drop the status reports it covers (see the journal)."""
         self._since_compact = 0
         dropped = self.journal.compact(self.state, self._seq)
+        self._prune_reads()
+        log.debug("journal compacted at event %d: %d reports dropped", self._seq, dropped)
+        return dropped
+
+    def read_nonce_seen(self, nonce: str) -> bool:
+        return nonce in self._read_nonces
+
+    def remember_read(self, nonce: str, sent: float) -> None:
+        """Keep a signed read's nonce for as long as its signature could be replayed."""
+        if len(self._read_nonces) >= 10_000:
+            self._prune_reads()
+        self._read_nonces[nonce] = sent
+
+    def _prune_reads(self) -> None:
         now = self.clock()
         self._read_nonces = {
             n: t for n, t in self._read_nonces.items() if now - t <= 2 * MAX_CLOCK_SKEW_S
         }
-        log.debug("journal compacted at event %d: %d reports dropped", self._seq, dropped)
-        return dropped
 
     def key(self, key_id: str) -> bytes:
         found = self._keys.get(key_id)
@@ -550,6 +563,9 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
         raise _Refused(413, "body over the limit") from None
     except TimeoutError:
         raise _Refused(408, "body not received in time") from None
+    except (ConnectionError, HttpProcessingError) as exc:
+        # The sender went away or sent a broken body: counted, never a traceback in the log.
+        raise _Refused(400, f"body not received ({type(exc).__name__})") from None
     try:
         nonce = verify(
             coord.key(key_id),
@@ -564,10 +580,10 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
     allowed = key_id == CONTROL_KEY if keys == "control" else key_id.startswith("replica-")
     if not allowed:
         raise _Refused(403, f"key {key_id} may not call {request.method} {request.path}")
-    if nonce in coord._read_nonces or coord.journal.nonce_seen(nonce):
+    if coord.read_nonce_seen(nonce) or coord.journal.nonce_seen(nonce):
         raise _Refused(409, "replayed nonce")
     if request.method == "GET":
-        coord._read_nonces[nonce] = int(timestamp)
+        coord.remember_read(nonce, int(timestamp))
     return key_id, nonce, body
 
 
