@@ -240,10 +240,12 @@ def check_segment(spec: JobSpec, base_blocks: Mapping[str, int]) -> Finding:
     sbatch(1) says a segment holding all of a job's nodes has no effect, so the replica is
     spread over blocks as any job would be."""
     segment = spec.replicas.segment_option
+    if segment is None:
+        return Finding("segment", "pass", "none asked: topology/block places the replica")
     if not base_blocks:
         return Finding("segment", "fail", "scontrol show topology lists no blocks")
     smallest = min(base_blocks.values())
-    if segment is not None and segment <= smallest:
+    if segment <= smallest:
         return Finding("segment", "pass", f"--segment={segment} fits a base block of {smallest}")
     return Finding(
         "segment",
@@ -349,7 +351,8 @@ def run_checks(
         check_min_job_age(cfg),
         check_gres(cfg, spec),
     ]
-    if spec is not None and required == "block" and topology and topology.kind == "block":
+    segment = spec.replicas.segment if spec else None
+    if spec is not None and segment is not None and topology and topology.kind == "block":
         findings.append(check_segment(spec, topology.base_blocks))
     if spec is not None and partitions is not None:
         findings += check_partitions(spec, partitions)

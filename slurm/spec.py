@@ -253,7 +253,8 @@ class ReplicasSection:
     switches: int | None = None
     switches_wait: str | None = None
     #: Placement model: "tree" (topology/tree: `switches`) or "block" (topology/block, Slurm
-    #: 24.05+: each `segment` nodes of a replica inside one block, e.g. one NVLink domain).
+    #: 24.05+: a replica inside the fewest blocks, e.g. NVLink domains; with `segment`, each
+    #: `segment` nodes of it inside one block).
     topology: str | None = None
     segment: int | None = None
     constraint: str | tuple[str, ...] | None = None
@@ -330,10 +331,10 @@ class ReplicasSection:
 
     @property
     def segment_option(self) -> int | None:
-        """`--segment` for block topology: the asked size, else the whole replica in one block."""
-        if self.topology != "block":
-            return None
-        return self.segment or self.nodes
+        """`--segment`, only when asked: topology/block already keeps a job that fits one base
+        block inside one (24.11, 26.05), and a segment of the whole replica is refused by 24.11
+        when the replica is larger than a block."""
+        return self.segment if self.topology == "block" else None
 
     @property
     def tasks(self) -> int:

@@ -350,11 +350,12 @@ def test_parse_topology(release: str) -> None:
 @pytest.mark.parametrize(
     ("replicas", "blocks", "status"),
     [
-        ({"nodes": 2}, {"b1": 2, "b2": 2}, "pass"),
+        ({"nodes": 2, "segment": 2}, {"b1": 2, "b2": 2}, "pass"),
         ({"nodes": 4, "segment": 2}, {"b1": 2, "b2": 2}, "pass"),
-        ({"nodes": 4}, {"b1": 2, "b2": 2}, "fail"),
+        ({"nodes": 4, "segment": 4}, {"b1": 2, "b2": 2}, "fail"),
+        ({"nodes": 4}, {"b1": 2, "b2": 2}, "pass"),
         ({"nodes": 36, "segment": 18}, {"rack1": 18, "rack2": 18}, "pass"),
-        ({"nodes": 2}, {}, "fail"),
+        ({"nodes": 2, "segment": 2}, {}, "fail"),
     ],
 )
 def test_segment_fits_a_base_block(

@@ -72,9 +72,10 @@ def test_spec_rejects(replicas: dict[str, object], field: str, allowed: str) -> 
         ({"switches": 1}, "tree", None),
         ({"topology": "tree"}, "tree", None),
         ({"topology": "tree", "switches": 2}, "tree", None),
-        ({"topology": "block"}, "block", 1),
-        ({"topology": "block", "nodes": 4}, "block", 4),
+        ({"topology": "block"}, "block", None),
+        ({"topology": "block", "nodes": 4}, "block", None),
         ({"topology": "block", "nodes": 4, "segment": 2}, "block", 2),
+        ({"topology": "block", "nodes": 4, "segment": 4}, "block", 4),
     ],
 )
 def test_segment_is_rendered_only_for_block(
@@ -210,19 +211,25 @@ def _fthsdp(cfg: devcluster.DevClusterConfig, *args: str) -> subprocess.Complete
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("segment", [None, 2])
 def test_each_replica_lands_inside_one_block(
-    cluster: Callable[..., devcluster.DevClusterConfig], tmp_path: Path
+    cluster: Callable[..., devcluster.DevClusterConfig], tmp_path: Path, segment: int | None
 ) -> None:
     """node1 and node4 busy leaves node2 + node3 idle, one in each block: a 2-node replica
-    must wait (Reason=Resources) rather than span blocks, then take a whole block each."""
+    must wait rather than span blocks, then take a whole block each; with `segment = 2` and
+    without (topology/block alone keeps a job that fits one block inside one)."""
     _require_block()
     cfg = cluster("block")
     blocks = _blocks(cfg)
     assert blocks == [{"node1", "node2"}, {"node3", "node4"}]
-    spec = _spec(str(tmp_path / "run"), nodes=2, gpus_per_node=1, topology="block", exclusive=True)
+    asked = {} if segment is None else {"segment": segment}
+    spec = _spec(
+        str(tmp_path / "run"), nodes=2, gpus_per_node=1, topology="block", exclusive=True, **asked
+    )
     (tmp_path / "run" / "logs").mkdir(parents=True)
     scripts = _replica_jobs(spec, tmp_path)
-    assert "#SBATCH --segment=2" in scripts[0].read_text().splitlines()
+    lines = [x for x in scripts[0].read_text().splitlines() if x.startswith("#SBATCH --segment")]
+    assert lines == ([] if segment is None else [f"#SBATCH --segment={segment}"])
     fill1, fill4 = _fill(cfg, "node1"), _fill(cfg, "node4")
     replicas = [_sbatch(cfg, s) for s in scripts]
     # The reason slurmctld gives once it has tried and found no block: 24.11 says Resources,
@@ -274,7 +281,7 @@ def test_doctor_checks_the_segment_against_the_blocks(
     for nodes, fails in ((2, hooks), (4, {*hooks, "segment"})):
         spec.write_text(
             '[job]\nname = "blk"\nrun_dir = "/tmp/blk"\npartition = "gpu"\n'
-            f'[replicas]\ncount = 2\nnodes = {nodes}\ntopology = "block"\n'
+            f'[replicas]\ncount = 2\nnodes = {nodes}\ntopology = "block"\nsegment = {nodes}\n'
             '[train]\ncommand = "true"\n'
         )
         r = _fthsdp(cfg, "doctor", "--json", "--spec", str(spec))
@@ -314,7 +321,8 @@ def test_blocks_from_topology_yaml_are_seen_though_topology_plugin_says_tree(
     spec = tmp_path / "block.toml"
     spec.write_text(
         '[job]\nname = "blk"\nrun_dir = "/tmp/blk"\npartition = "gpu"\n'
-        '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\n[train]\ncommand = "true"\n'
+        '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\nsegment = 2\n'
+        '[train]\ncommand = "true"\n'
     )
     r = _fthsdp(cfg, "doctor", "--json", "--spec", str(spec))
     found = {f["check"]: f for f in json.loads(r.stdout)["findings"]}
