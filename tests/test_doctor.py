@@ -438,6 +438,13 @@ def test_no_scontrol_exits_3(tmp_path: Path) -> None:
     ]
 
 
+def test_slurm_conf_naming_no_file_exits_3(tmp_path: Path) -> None:
+    r = _doctor(env={**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf")})
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SLURM_CONF=" in lines[0] and "No such file" in lines[0]
+
+
 def test_bad_spec_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(

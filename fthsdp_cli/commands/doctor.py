@@ -50,8 +50,10 @@ def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
         read_topology,
     )
     from slurm.spec import load_spec
+    from slurm.submit import check_slurm_conf
 
     spec = load_spec(spec_path) if spec_path is not None else None
+    check_slurm_conf()  # a SLURM_CONF naming no file: one line now, not a minute of retries
     try:
         cfg = read_config(timeout)
         partitions = read_partitions(cfg.version, timeout) if spec is not None else None
