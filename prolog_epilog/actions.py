@@ -168,10 +168,8 @@ def claim_prolog_error(node: str, detail: str, backend: CommandBackend) -> bool:
     before (any other reason is left as is); True when renamed. Never raises for Slurm."""
     reason = drain_reason("prolog", detail)
     try:
-        current = backend.node(node)
-        if not (current.drained and current.reason == PROLOG_ERROR):
+        if not backend.take_over_drain(node, PROLOG_ERROR, reason):
             return False
-        backend._update_node(node, "DRAIN", reason)
     except SlurmCommandError as exc:
         log.error("could not take over the Prolog error drain of %s: %s", node, exc)
         return False
@@ -185,9 +183,8 @@ def fail_job(job_id: str, why: str, backend: CommandBackend) -> bool:
     if not job_id.isdigit():
         log.error("not cancelling job %r: not a job id", job_id)
         return False
-    note = f"fthsdp: {why}".replace("\n", " ").replace('"', "'")[:200]
     with contextlib.suppress(SlurmCommandError):
-        backend._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={note}"])
+        backend.annotate_job(job_id, f"fthsdp: {why}")
     try:
         backend.cancel([job_id])
     except SlurmCommandError as exc:

@@ -292,8 +292,7 @@ class CommandBackend:
         `node` is not one node name or its current state cannot be read.
         """
         check_node_name(node, "drain")
-        if not isinstance(reason, str) or not reason.startswith(DRAIN_PREFIX) or "\n" in reason:
-            raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
+        _check_our_reason(reason)
         current = self.node(node)  # read right before acting: the window is one command
         if current.foreign_reason:
             return False
@@ -312,9 +311,36 @@ class CommandBackend:
         self._update_node(node, "RESUME", None)
         return True
 
+    def take_over_drain(self, node: str, their_reason: str, reason: str) -> bool:
+        """Replace the drain reason `their_reason` on one node with our `reason`, re-reading the
+        node right before; any other reason is left alone. True when replaced.
+
+        The one case is Slurm's own `Prolog error` after fthsdp's prolog failed on the node:
+        the caller has recorded that failure, so the drain is ours to resume once it passes.
+        """
+        check_node_name(node, "take over drain")
+        _check_our_reason(reason)
+        current = self.node(node)
+        if not (current.drained and current.reason == their_reason):
+            return False
+        self._update_node(node, "DRAIN", reason)
+        return True
+
+    def annotate_job(self, job_id: str, note: str) -> None:
+        """Set one job's AdminComment (what the owner reads in `scontrol show job`)."""
+        if not job_id.isdigit():
+            raise InputError("job id", job_id, "digits only")
+        text = note.replace("\n", " ").replace('"', "'")[:200]
+        self._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={text}"])
+
     def _update_node(self, node: str, state: str, reason: str | None) -> None:
         argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
         self._run(argv + ([f"Reason={reason}"] if reason else []))
+
+
+def _check_our_reason(reason: object) -> None:
+    if not isinstance(reason, str) or not reason.startswith(DRAIN_PREFIX) or "\n" in reason:
+        raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
 
 
 _TRANSIENT = (
