@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError
+from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.doctor import require_topology_support
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.render import RenderedScript, render_run, write_scripts
@@ -163,8 +163,15 @@ def submit_run(
     require_topology_support(spec)  # before anything is queued: sbatch < 24.05 lacks --segment
     check_not_live(run, backend, force=force)
     if check_cluster:
-        with contextlib.suppress(SlurmCommandError):
-            check_against_cluster(spec, backend.nodes())
+        # Advisory: sbatch refuses what cannot run anyway. An answer of a shape we do not know
+        # is not advisory: drain and resume would misread it too, so it stops the submit here.
+        try:
+            nodes = backend.nodes()
+        except SlurmOutputError:
+            raise
+        except SlurmCommandError:
+            nodes = []
+        check_against_cluster(spec, nodes)
     scripts = render_run(spec)
     names = [s.filename for s in scripts] + [SPEC_FILE, SECRET_FILE, JOBS_FILE]
     with run_dir_transaction(run, names):

@@ -14,7 +14,14 @@ from click.testing import CliRunner
 
 from fthsdp_cli.commands.status import run_status
 from fthsdp_cli.main import cli
-from slurm.backend import JobInfo, NodeInfo, SlurmCommandError, versions_match
+from slurm.backend import (
+    JobInfo,
+    NodeInfo,
+    SlurmCommandError,
+    SlurmOutputError,
+    SlurmVersion,
+    versions_match,
+)
 from slurm.errors import InputError
 from slurm.run_dir import read_run
 from slurm.spec import parse_spec
@@ -165,6 +172,22 @@ def node(name: str, gres: str, partitions: tuple[str, ...] = ("gpu",)) -> NodeIn
 )
 def test_gpus_on_node(gres: str, gpu_type: str | None, expected: int) -> None:
     assert gpus_on_node(gres, gpu_type) == expected
+
+
+def test_node_answer_of_unknown_shape_stops_submit_before_anything_is_queued(
+    tmp_path: Path,
+) -> None:
+    class UnknownShape(RecordingBackend):
+        def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+            raise SlurmOutputError(
+                ["sinfo", "--json"], SlurmVersion(99, 1, 0), "no top-level nodes"
+            )
+
+    backend = UnknownShape()
+    with pytest.raises(SlurmOutputError, match=r"sinfo --json on Slurm 99\.01\.0"):
+        submit_run(spec_in(tmp_path, gpus_per_node=8), backend)
+    assert backend.submitted == []
+    assert not (tmp_path / "run" / "jobs.json").exists()
 
 
 def test_gpu_request_checked_against_partition(tmp_path: Path) -> None:
