@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps test lint typecheck unit demo bench clean
+.PHONY: install slurm-deps chroots test test-slurm lint typecheck unit demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,21 @@ slurm-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
 	else echo "not root: skipping slurm-wlm/munge install (Slurm tests will be skipped)"; fi
 
+# The Slurm release matrix (22.05 bookworm, 24.11 trixie, 26.05 sid): every release but the host's
+# runs in a cached chroot of the Debian suite that ships it (slurm/release_chroot.py, built on first
+# use under /var/cache/fthsdp/chroots). As root only, like slurm-deps.
+RELEASES = $(BIN)/python -m slurm.release_chroot
+VERSION ?=
+
+chroots: install slurm-deps
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release chroots"; \
+	else for v in $$($(RELEASES) others); do $(RELEASES) ensure --version $$v >/dev/null || exit 1; done; fi
+
+# The slurm-marked tests against one release: on the host when it is the host's, else in its chroot.
+test-slurm: install slurm-deps
+	@test -n "$(VERSION)" || { echo "usage: make test-slurm VERSION=X.Y ($$($(RELEASES) matrix | cut -d' ' -f1 | xargs))" >&2; exit 2; }
+	$(RELEASES) run --version $(VERSION) -- $(BIN)/python -m pytest -m slurm
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -33,8 +48,12 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install slurm-deps lint typecheck
+test: install slurm-deps lint typecheck chroots
 	$(BIN)/python -m pytest
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; \
+	else for v in $$($(RELEASES) others); do \
+	  echo "== slurm-marked tests on Slurm $$v"; $(MAKE) --no-print-directory test-slurm VERSION=$$v || exit 1; \
+	done; fi
 
 demo: install slurm-deps
 	$(BIN)/python examples/demo.py

@@ -51,6 +51,8 @@ CONFIG_FILE = "cluster.json"
 DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/lib/fthsdp/devcluster"))
 #: Slurm releases from this one on restart their daemons on `scontrol reconfigure`.
 RESTARTS_ON_RECONFIGURE = (23, 11)
+#: How long a reconfigure may take to bring the restarted daemons back (a loaded test machine).
+RECONFIGURE_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True)
@@ -695,17 +697,27 @@ def slurm_release() -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def restarted(
-    before: Mapping[str, int], now: Mapping[str, int], recorded: Mapping[str, int | None]
-) -> bool:
-    """Whether every Slurm daemon in `before` runs again under a new pid, with no predecessor
-    left and its pid file naming the new process (what a 23.11+ reconfigure ends in)."""
+def restart_pending(
+    before: Mapping[str, int], processes: Mapping[int, str], recorded: Mapping[str, int | None]
+) -> dict[str, str]:
+    """What a 23.11+ reconfigure has not finished yet: daemon -> what is wrong (empty = done).
+
+    `before`: daemon -> pid before the reconfigure; `processes`: this cluster's live processes
+    now (pid -> daemon); `recorded`: daemon -> the pid its pid file names now. Done means every
+    Slurm daemon runs again under a new pid, its predecessor is gone and its pid file names it.
+    """
+    pending = {}
     for name, old in before.items():
-        if name == "munged":
+        if name == "munged":  # Slurm does not restart munge
             continue
-        if now.get(name) in (None, old) or recorded.get(name) != now[name]:
-            return False
-    return True
+        pids = sorted(p for p, n in processes.items() if n == name)
+        if not pids:
+            pending[name] = f"not running (was pid {old})"
+        elif old in pids:
+            pending[name] = f"pid {old} still running"
+        elif recorded.get(name) not in pids:
+            pending[name] = f"pid file names {recorded.get(name)}, running {pids}"
+    return pending
 
 
 def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
@@ -721,14 +733,21 @@ def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
     if r.returncode != 0:
         raise EnvironmentProblem(f"scontrol reconfigure failed: {r.stderr.strip()}")
     if slurm_release() >= RESTARTS_ON_RECONFIGURE:
-
-        def done() -> bool:
-            now = live_daemons(new)
-            old_left = set(before.values()) & set(cluster_processes(new)) - {before.get("munged")}
+        deadline = time.monotonic() + RECONFIGURE_TIMEOUT_S
+        while True:
             recorded = {name: _read_pid(path) for name, path in _pid_files(new).items()}
-            return not old_left and restarted(before, now, recorded)
-
-        _wait_for(done, 60, "the daemons that scontrol reconfigure restarts")
+            pending = restart_pending(before, cluster_processes(new), recorded)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                first = next(iter(pending)).replace("slurmd ", "slurmd-")
+                log = new.directory / "log" / f"{first}.log"
+                what = "; ".join(f"{name} {problem}" for name, problem in pending.items())
+                raise EnvironmentProblem(
+                    f"scontrol reconfigure: not restarted after {RECONFIGURE_TIMEOUT_S}s: "
+                    f"{what} ({log.name}: {_tail(log)})"
+                )
+            time.sleep(0.25)
     _wait_for(lambda: bool(node_states(new)), 30, "slurmctld to answer after reconfigure")
     return new
 

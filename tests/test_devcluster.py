@@ -326,25 +326,28 @@ def test_daemon_name_recognises_only_this_clusters_daemons(
 
 
 @pytest.mark.parametrize(
-    ("before", "now", "recorded", "done"),
+    ("before", "processes", "recorded", "pending"),
     [
-        ({"munged": 1, "slurmctld": 2, "slurmd node1": 3}, {"munged": 1, "slurmctld": 5,
-         "slurmd node1": 6}, {"slurmctld": 5, "slurmd node1": 6}, True),
-        # slurmd not restarted yet
-        ({"slurmctld": 2, "slurmd node1": 3}, {"slurmctld": 5, "slurmd node1": 3},
-         {"slurmctld": 5, "slurmd node1": 3}, False),
-        # restarted, but its pid file still names the old process
-        ({"slurmctld": 2}, {"slurmctld": 5}, {"slurmctld": 2}, False),
-        # gone and not back
-        ({"slurmctld": 2, "slurmd node1": 3}, {"slurmctld": 5}, {"slurmctld": 5}, False),
-        # munged is never restarted by Slurm
-        ({"munged": 1}, {"munged": 1}, {}, True),
+        ({"munged": 1, "slurmctld": 2, "slurmd node1": 3},
+         {1: "munged", 5: "slurmctld", 6: "slurmd node1"}, {"slurmctld": 5, "slurmd node1": 6}, {}),
+        ({"slurmctld": 2, "slurmd node1": 3}, {5: "slurmctld", 3: "slurmd node1"},
+         {"slurmctld": 5, "slurmd node1": 3}, {"slurmd node1": "pid 3 still running"}),
+        ({"slurmctld": 2}, {2: "slurmctld", 5: "slurmctld"}, {"slurmctld": 5},
+         {"slurmctld": "pid 2 still running"}),
+        ({"slurmctld": 2}, {5: "slurmctld"}, {"slurmctld": 2},
+         {"slurmctld": "pid file names 2, running [5]"}),
+        ({"slurmctld": 2, "slurmd node1": 3}, {5: "slurmctld"}, {"slurmctld": 5},
+         {"slurmd node1": "not running (was pid 3)"}),
+        ({"munged": 1}, {1: "munged"}, {}, {}),  # Slurm never restarts munged
     ],
 )  # fmt: skip
-def test_restarted_needs_new_pids_recorded_in_pid_files(
-    before: dict[str, int], now: dict[str, int], recorded: dict[str, int], done: bool
+def test_restart_pending_names_what_a_reconfigure_has_not_finished(
+    before: dict[str, int],
+    processes: dict[int, str],
+    recorded: dict[str, int],
+    pending: dict[str, str],
 ) -> None:
-    assert devcluster.restarted(before, now, recorded) is done
+    assert devcluster.restart_pending(before, processes, recorded) == pending
 
 
 def _processes_of(cfg: DevClusterConfig) -> list[str]:
