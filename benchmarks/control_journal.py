@@ -7,7 +7,7 @@ one journal record per report with its nonce, a snapshot and compaction every
 to replay (3,999 reports). The volume is loaded without an fsync per commit (the
 figures measured here do not depend on it); everything after that runs durable.
 
-Then, interleaved for 5 rounds: a restarted control process (`fthsdp control --no-lighthouse
+Then, interleaved for 5 repeats: a restarted control process (`fthsdp control --no-lighthouse
 --no-poll`, a real process on loopback) on that journal, and one on an empty journal of the same
 1,000-replica run: seconds from the process start to its first answer to a signed
 `GET /v1/state`. Also the in-process replay (`Journal.rebuild`) alone, and a real-HTTP sample:
@@ -15,7 +15,8 @@ Then, interleaved for 5 rounds: a restarted control process (`fthsdp control --n
 journal size after them.
 
 Targets: the restarted coordinator answers in under 5 s; the journal (database + WAL) is under
-50 MB. Prints medians and ranges and writes benchmarks/results/control_journal.json.
+50 MB. Prints medians and ranges over the repeats (`--repeat N`, default 5) and writes
+benchmarks/results/control_journal.json and benchmarks/figures/control_journal.json.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from control_attack import journal_rows  # noqa: E402
 from control_harness import install_fake_slurm  # noqa: E402
 
+from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from runtime.control.coordinator import compaction_interval  # noqa: E402
 from runtime.control.journal import JOURNAL_FILE, Journal  # noqa: E402
 from runtime.control.policy import PolicyConfig, ReportReceived, RunState, step  # noqa: E402
@@ -53,7 +55,6 @@ from runtime.control.report import (  # noqa: E402
 REPLICAS = 1000
 REPORTS = 1_000_000
 INTERVAL_S = 10.0
-ROUNDS = 5
 HTTP_REPORTS = 2000
 JOBS = {k: str(10_000 + k) for k in range(REPLICAS)}
 
@@ -190,10 +191,12 @@ def http_sample(url: str, secret: bytes) -> dict[str, Any]:
         "reports_per_s": HTTP_REPORTS / wall,
         "latency_median_s": statistics.median(latencies),
         "latency_p99_s": latencies[int(0.99 * len(latencies))],
+        "latencies_s": latencies,
     }
 
 
 def main() -> int:
+    repeats = repeats_arg()
     root = Path(tempfile.mkdtemp(prefix="fthsdp-bench-journal-"))
     big, empty = root / "long-run", root / "fresh-run"
     make_run(big)
@@ -204,27 +207,43 @@ def main() -> int:
     size_loaded = journal_bytes(big)
     rows_loaded = rows(big)
     print(f"journal after the load: {size_loaded / 1e6:.1f} MB, rows {rows_loaded}")
+    run = Run(
+        "control_journal",
+        "Control-plane journal",
+        f"{REPLICAS:,} replicas, {REPORTS:,} status reports (each replica every "
+        f"{INTERVAL_S:.0f} s of simulated time) written through the journal API as the "
+        "coordinator writes them, a snapshot and compaction every 4,000 events placed so that "
+        "the last one leaves 3,999 reports to replay (the worst case). Then, interleaved: a "
+        "restarted control process on that journal and one on an empty journal of the same "
+        "run, timed from process start to the first answer to a signed `GET /v1/state`; the "
+        "in-process replay alone; and a real-HTTP sample of "
+        f"{HTTP_REPORTS:,} signed reports from all replicas (8 senders).",
+        repeats,
+    )
 
-    replay: list[float] = []
-    restarts: dict[str, list[float]] = {"long-run": [], "fresh-run": []}
-    for r in range(ROUNDS):
+    def replay() -> float:
         journal = Journal(big / JOURNAL_FILE)
         t0 = time.perf_counter()
         journal.check()
         journal.rebuild(PolicyConfig(replicas=REPLICAS), JOBS)
-        replay.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
         journal.close()
-        for name, run_dir in (("long-run", big), ("fresh-run", empty)):
-            seconds, (proc, _) = restart(run_dir, env)
-            stop(proc)
-            restarts[name].append(seconds)
-        print(
-            f"round {r}: replay {replay[-1]:.2f} s; restart to first answer: long run "
-            f"{restarts['long-run'][-1]:.2f} s, fresh run {restarts['fresh-run'][-1]:.2f} s",
-            flush=True,
-        )
+        return seconds
 
-    seconds, (proc, url) = restart(big, env, poll=True)
+    def restarted(run_dir: Path) -> float:
+        seconds, (proc, _) = restart(run_dir, env)
+        stop(proc)
+        return seconds
+
+    got = interleave(
+        {
+            "replay": replay,
+            "long-run": lambda: restarted(big),
+            "fresh-run": lambda: restarted(empty),
+        },
+        repeats,
+    )
+    _, (proc, url) = restart(big, env, poll=True)
     try:
         time.sleep(8)  # the first squeue poll lists every job's nodes (one call for all)
         sample = http_sample(url, read_secret(big / "secret"))
@@ -236,40 +255,51 @@ def main() -> int:
         f"(median {sample['latency_median_s'] * 1000:.1f} ms, p99 "
         f"{sample['latency_p99_s'] * 1000:.1f} ms); journal {size_after / 1e6:.1f} MB"
     )
-
-    def summary(values: list[float]) -> dict[str, Any]:
-        return {"median": statistics.median(values), "range": [min(values), max(values)]}
-
-    results: dict[str, Any] = {
-        "replicas": REPLICAS,
-        "reports": REPORTS,
-        "report_interval_s": INTERVAL_S,
-        "load": loaded,
-        "journal_bytes_after_load": size_loaded,
-        "rows_after_load": rows_loaded,
-        "replay_s": summary(replay),
-        "restart_to_first_answer_s": {k: summary(v) for k, v in restarts.items()},
-        "restart_runs_s": restarts,
-        "http_sample": sample,
-        "journal_bytes_after_http": size_after,
-        "rows_after_http": rows(big),
-        "targets": {"restart_s": 5.0, "journal_bytes": 50_000_000},
-    }
-    results["targets_met"] = (
-        max(restarts["long-run"]) < 5.0 and max(size_loaded, size_after) < 50_000_000
+    run.row(f"restart to first answer after {REPORTS:,} reports", got["long-run"], "s", "< 5 s", 2)
+    run.row("restart to first answer, empty journal", got["fresh-run"], "s", "", 2)
+    run.row("replay alone (quick_check, snapshot, 3,999 events)", got["replay"], "s", "", 2)
+    run.row(
+        f"journal (database + WAL) after {REPORTS:,} reports",
+        [size_loaded / 1e6],
+        "MB",
+        "< 50 MB",
+        1,
     )
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "control_journal.json").write_text(json.dumps(results, indent=2))
-    long_run = results["restart_to_first_answer_s"]["long-run"]
-    fresh = results["restart_to_first_answer_s"]["fresh-run"]
-    print(
-        f"restart after {REPORTS:,} reports: median {long_run['median']:.2f} s (range "
-        f"{long_run['range'][0]:.2f}-{long_run['range'][1]:.2f}); empty journal: median "
-        f"{fresh['median']:.2f} s; replay alone median {results['replay_s']['median']:.2f} s; "
-        f"journal {size_loaded / 1e6:.1f} MB; targets met: {results['targets_met']}"
+    run.row(
+        f"real HTTP: {HTTP_REPORTS:,} signed reports, latency",
+        [v * 1000 for v in sample["latencies_s"]],
+        "ms",
     )
-    return 0 if results["targets_met"] else 1
+    run.notes.append(
+        f"- Loading the {REPORTS:,} reports took {loaded['load_s']:.0f} s without an fsync per "
+        f"commit ({loaded['compactions']} compactions). Rows after it: {rows_loaded} (nonces: "
+        f"the last 600 s). Real HTTP sample: {sample['reports_per_s']:.0f} reports/s, p99 "
+        f"{sample['latency_p99_s'] * 1000:.0f} ms; journal {size_after / 1e6:.1f} MB after it."
+    )
+    run.notes.append(
+        "- Before snapshots and compaction (measured when the problem was found): 20,000 events "
+        "took 6.5 s to replay with 3 replicas and 56.5 s with 32 (every report kept, the whole "
+        "state deep-copied per event). The size and the replay are now bounded by the replica "
+        "count: the snapshot, at most 4 events per replica since it, the nonces of the last "
+        "600 s, and the events that decided something (kept with their actions). "
+        "`tests/test_control_journal.py` kills a real process with SIGKILL at 5 moments of a "
+        "120,000-event compaction: every decision survives and the replayed state is unchanged."
+    )
+    sample_out = {k: v for k, v in sample.items() if k != "latencies_s"}
+    run.extra.update(
+        replicas=REPLICAS,
+        reports=REPORTS,
+        load=loaded,
+        journal_bytes_after_load=size_loaded,
+        rows_after_load=rows_loaded,
+        http_sample=sample_out,
+        journal_bytes_after_http=size_after,
+        rows_after_http=rows(big),
+    )
+    ok = max(got["long-run"]) < 5.0 and max(size_loaded, size_after) < 50_000_000
+    run.extra["targets_met"] = ok
+    run.write()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
