@@ -558,3 +558,34 @@ def test_a_body_that_stops_costs_nothing(tmp_path: Path, caplog: pytest.LogCaptu
     assert out["refusals"].get("408 /v1/reports") == 1
     assert out["events"] == 1  # the coordinator's own start
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_the_open_file_limit_is_raised_and_the_cap_fits_under_it() -> None:
+    """A batch job's soft limit of 1,024 is raised to the hard limit at start; the connection
+    cap always leaves 256 descriptors spare (journal, Slurm commands, logs)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    code = (
+        "import resource; from runtime.control.guard import raise_open_files;"
+        "cap = raise_open_files(4096);"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], cap)"
+    )
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=low_soft_limit,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    soft, cap = (int(x) for x in done.stdout.split())
+    if hard == resource.RLIM_INFINITY:
+        assert soft >= 4096 + 256 and cap == 4096
+    else:
+        assert soft == hard
+        assert cap == min(4096, hard - 256)
