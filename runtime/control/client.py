@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import hostlist
+
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
 from runtime.control.report import CONTROL_KEY, read_secret, sign
 from slurm.backend import NodeInfo, SlurmBackend, drain_reason
@@ -141,6 +143,16 @@ def request_requeue(
                 ) from None
         except OSError:
             pass
+    if drain:
+        # As through the coordinator: only a node Slurm lists for this replica's job.
+        nodes = {
+            n
+            for j in backend.jobs([job_id])
+            if j.base_id == job_id and j.nodes and not j.nodes.startswith("(")
+            for n in hostlist.expand_hostlist(j.nodes)
+        }
+        if drain not in nodes:
+            raise InputError("--drain", drain, f"a node of job {job_id}: {sorted(nodes)}")
     drained = backend.drain(drain, drain_reason("manual", reason)) if drain else None
     backend.requeue(job_id)
     backend.release(job_id)
