@@ -390,6 +390,7 @@ def _checked(argv: list[str], what: str, timeout: float) -> None:
 
 def _build(build: Path, suite: str, version: str) -> None:
     build.mkdir(parents=True)
+    started = time.monotonic()
     _checked(
         # In its own mount namespace too: the /proc debootstrap mounts dies with it.
         [*_unshare(), _debootstrap(), "--variant=minbase", suite, str(build), host_mirror()],
@@ -397,6 +398,7 @@ def _build(build: Path, suite: str, version: str) -> None:
         timeout=1800,
     )
     # Packages must not start their daemons on the host's pid/net namespace while installing.
+    bootstrapped = time.monotonic()
     policy = build / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
@@ -416,6 +418,11 @@ def _build(build: Path, suite: str, version: str) -> None:
     if r.returncode != 0:
         tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]) or "no output"
         raise EnvironmentProblem(f"apt-get install in the {suite} chroot failed: {tail}")
+    print(
+        f"release_chroot: {suite}: debootstrap {bootstrapped - started:.0f}s, "
+        f"apt-get install {time.monotonic() - bootstrapped:.0f}s",
+        file=sys.stderr,
+    )
     got = full_version(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "")
     if release_of(got) != version:
         raise EnvironmentProblem(
