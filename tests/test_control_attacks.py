@@ -589,3 +589,46 @@ def test_the_open_file_limit_is_raised_and_the_cap_fits_under_it() -> None:
     else:
         assert soft == hard
         assert cap == min(4096, hard - 256)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_control_job_on_a_corrupt_journal_fails_once_on_slurm(
+    slurm_cluster: Any, tmp_path: Path
+) -> None:
+    """The control job, submitted requeueable as `fthsdp submit` does, on a truncated journal:
+    it exits 2 with the one line in its output and Slurm does not requeue it (no loop)."""
+    from slurm.backend import CommandBackend
+
+    run_dir = _run_dir(tmp_path)
+    _truncate(run_dir)
+    out = tmp_path / "control-%j.out"
+    command = (
+        f"{sys.executable} -m fthsdp_cli control --run-dir {run_dir} --bind 127.0.0.1 "
+        "--no-lighthouse --no-poll"
+    )
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", "--nodes=1", f"--output={out}", f"--wrap={command}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    backend = CommandBackend(retries=1, timeout=20.0)
+
+    def ended() -> Any:
+        jobs = [j for j in backend.jobs([job_id]) if j.job_id == job_id]
+        return jobs[0] if jobs and jobs[0].state in ("FAILED", "COMPLETED") else None
+
+    try:
+        wait_for(lambda: ended() is not None, timeout=120, what="the control job to end")
+        time.sleep(5)  # a requeue would show within seconds
+        job = ended()
+        assert job is not None and job.state == "FAILED" and job.restarts == 0
+        text = Path(str(out).replace("%j", job_id)).read_text()
+        assert "control journal is unreadable" in text and "Traceback" not in text
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
