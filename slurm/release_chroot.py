@@ -50,9 +50,13 @@ from slurm.errors import EnvironmentProblem, InputError
 MATRIX: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
 CACHE_DIR = Path(os.environ.get("FTHSDP_CHROOT_CACHE", "/var/cache/fthsdp/chroots"))
 MARKER = "etc/fthsdp-chroot.json"
-#: procps: slurmd's tools; libffi8: ctypes of the venv's interpreter (torch imports it). The list
-#: is part of the marker, so changing it rebuilds the cached chroots.
-PACKAGES = ("slurm-wlm", "munge", "procps", "libffi8")
+#: procps: slurmd's tools; the libraries: what the venv's interpreter links its stdlib's ctypes,
+#: sqlite3 and ssl against (a minbase system lacks some). The list is part of the marker, so a
+#: change rebuilds the cached chroots.
+PACKAGES = ("slurm-wlm", "munge", "procps", "libffi8", "libsqlite3-0")
+SUITE_PACKAGES = {"bookworm": ("libssl3",), "trixie": ("libssl3t64",), "sid": ("libssl3t64",)}
+#: Imported by the venv's Python in a freshly built chroot: a missing library fails the build.
+PYTHON_CHECK = "import ctypes, hashlib, sqlite3, ssl, bz2, lzma, zlib"
 #: sid's Release file is past Valid-Until on the mirror reachable from CI; harmless elsewhere.
 APT_OPTIONS = ("-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Install-Recommends=false")
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -255,6 +259,10 @@ def _require_root() -> None:
 # The cache
 
 
+def packages_for(suite: str) -> list[str]:
+    return [*PACKAGES, *SUITE_PACKAGES.get(suite, ())]
+
+
 def chroot_dir(version: str) -> Path:
     return CACHE_DIR / suite_for(version)
 
@@ -280,7 +288,7 @@ def chroot_problem(chroot: Path, version: str) -> str | None:
         release = None
     if release != version:
         return f"{chroot} holds Slurm {marker.get('slurm')}, not {version}"
-    if marker.get("packages") != list(PACKAGES):
+    if marker.get("packages") != packages_for(suite_for(version)):
         return f"{chroot} was built with packages {marker.get('packages')}"
     for binary in ("usr/sbin/slurmctld", "usr/sbin/slurmd", "usr/sbin/munged", "usr/bin/sinfo"):
         if not (chroot / binary).exists():
@@ -353,7 +361,23 @@ def ensure(version: str, log: bool = True) -> Path:
                 f"{time.monotonic() - started:.0f}s",
                 file=sys.stderr,
             )
+    _check_python(version, target)
     return target
+
+
+def _check_python(version: str, chroot: Path) -> None:
+    """Fail the build, loudly, when the venv's Python cannot load its stdlib inside the chroot
+    (a library the suite's minbase lacks); the marker goes so the next use rebuilds."""
+    venv = default_venv().absolute()
+    argv, env = _chroot_command(version, chroot, [str(venv / "bin/python"), "-c", PYTHON_CHECK])
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if r.returncode != 0:
+        (chroot / MARKER).unlink(missing_ok=True)
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise EnvironmentProblem(
+            f"{venv}/bin/python fails inside the {suite_for(version)} chroot: {tail[0]} "
+            f"(add the library's package to SUITE_PACKAGES in {__name__})"
+        )
 
 
 def _find_sbin(name: str) -> str | None:
@@ -405,7 +429,7 @@ def _build(build: Path, suite: str, version: str) -> None:
     apt = " ".join(["apt-get", *APT_OPTIONS])
     script = (
         f"set -e; export DEBIAN_FRONTEND=noninteractive; {apt} update -qq; "
-        f"{apt} install -y -qq {' '.join(PACKAGES)}; apt-get clean; "
+        f"{apt} install -y -qq {' '.join(packages_for(suite))}; apt-get clean; "
         "/usr/sbin/slurmd -V"
     )
     r = subprocess.run(
@@ -433,7 +457,7 @@ def _build(build: Path, suite: str, version: str) -> None:
             {
                 "suite": suite,
                 "slurm": got,
-                "packages": list(PACKAGES),
+                "packages": packages_for(suite),
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
         )
@@ -577,6 +601,20 @@ def run(
         except subprocess.TimeoutExpired:
             return EXIT_TIMEOUT
     chroot = ensure(version)
+    full, env = _chroot_command(version, chroot, argv, timeout, extra_binds, venv)
+    # Become the namespace's entry process: signals and the exit code pass straight through.
+    os.execve(full[0], full, env)
+
+
+def _chroot_command(
+    version: str,
+    chroot: Path,
+    argv: Sequence[str],
+    timeout: float | None = None,
+    extra_binds: Sequence[Path] = (),
+    venv: Path | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The host command line (and its environment) that runs `argv` inside `chroot`."""
     venv = (venv or default_venv()).absolute()
     binds = [REPO, venv, venv_base_prefix(venv), Path("/tmp"), *extra_binds]
     binds = [Path(os.path.realpath(b)) for b in binds]
@@ -588,9 +626,7 @@ def run(
         enter_argv += ["--timeout", str(timeout)]
     env = chroot_env(os.environ, venv)
     env["PYTHONPATH"] = ":".join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    # Become the namespace's entry process: signals and the exit code pass straight through.
-    full = [*enter_argv, "--", *argv]
-    os.execve(full[0], full, env)
+    return [*enter_argv, "--", *argv], env
 
 
 # ---------------------------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def _fake_chroot(root: Path, marker: object) -> None:
 @pytest.mark.parametrize(
     ("marker", "problem"),
     [
-        ({"suite": "trixie", "slurm": "24.11.5", "packages": list(rc.PACKAGES)}, None),
+        ({"suite": "trixie", "slurm": "24.11.5", "packages": rc.packages_for("trixie")}, None),
         ({"suite": "trixie", "slurm": "24.11.5"}, "built with packages None"),
         (None, "no valid"),
         (["trixie"], "no valid"),
