@@ -306,7 +306,7 @@ def test_manual_requeue_without_coordinator_does_nothing_on_unreadable_node(
 
     backend = ScriptedBackend("24.11", nodes=UNKNOWN)
     with pytest.raises(SlurmOutputError, match=r"Slurm 24\.11\.5"):
-        request_requeue(_run_dir(tmp_path), 0, backend, drain="node3", reason="bad fan")
+        request_requeue(_run_dir(tmp_path), 0, backend, drain="node1", reason="bad fan")
     assert backend.actions == []
     with pytest.raises(NodeNameError):
         request_requeue(_run_dir(tmp_path / "b"), 0, backend, drain="node[1-4]", reason="x")

@@ -18,7 +18,7 @@ import hostlist
 
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
 from runtime.control.report import CONTROL_KEY, read_secret, sign
-from slurm.backend import NodeInfo, SlurmBackend, drain_reason
+from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
 
 #: squeue state -> the status table's state when the coordinator has nothing to say.
@@ -145,6 +145,7 @@ def request_requeue(
             pass
     if drain:
         # As through the coordinator: only a node Slurm lists for this replica's job.
+        check_node_name(drain, "drain")
         nodes = {
             n
             for j in backend.jobs([job_id])
