@@ -109,7 +109,7 @@ def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, tmp_path: Path
         # Tier 1: the replica's processes die with no hardware sign -> relaunch in place.
         new_node = after[1]["nodes"][0]
         assert after[1]["step"] < STEPS - 60, "too late in the run for the tier-1 scenario"
-        fthsdp(env, "cluster", "inject", new_node, "--fault", "kill")
+        fthsdp(env, "cluster", "inject", new_node, "--fault", "kill", "--dir", str(gated.directory))
         relaunched = wait_until(
             env,
             run_dir,

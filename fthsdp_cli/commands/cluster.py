@@ -28,7 +28,7 @@ def cluster() -> None:
     """Start, stop and inspect the local dev Slurm cluster (root; slurm-wlm and munge)."""
 
 
-@cluster.command()
+@cluster.command(short_help="Start a dev cluster; prints the SLURM_CONF export line.")
 @_dir_option
 @click.option("--nodes", default=4, show_default=True, type=int)
 @click.option("--gpus-per-node", default=8, show_default=True, type=int)
@@ -104,7 +104,7 @@ def up(
     click.echo(f"export SLURM_CONF={cfg.conf_path}")
 
 
-@cluster.command()
+@cluster.command(short_help="Cancel its jobs and stop its daemons (deletes nothing).")
 @_dir_option
 def down(directory: Path) -> None:
     """Cancel the cluster's jobs and stop the daemons it started (deletes nothing)."""
@@ -113,11 +113,16 @@ def down(directory: Path) -> None:
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
-@cluster.command()
+@cluster.command(short_help="Daemons and node states; exit 1 when it is not running.")
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(directory: Path, as_json: bool) -> None:
-    """Show the cluster's daemons and node states; exit 1 if it is not running."""
+    """Show the cluster's daemons and node states; exit 1 if it is not running.
+
+    The last line is `export SLURM_CONF=...` only while the cluster runs, so
+    `eval "$(fthsdp cluster status | tail -1)"` is safe: when it is down the last line is a shell
+    comment.
+    """
     cfg = devcluster.DevClusterConfig.load(directory.resolve())
     st = devcluster.status(cfg)
     if as_json:
@@ -139,7 +144,9 @@ def status(directory: Path, as_json: bool) -> None:
         daemons = ", ".join(f"{n}={p}" for n, p in st.daemons.items()) or "none"
         console.print(f"daemons: {daemons}")
         if st.running:
-            console.print(f"export SLURM_CONF={cfg.conf_path}")
+            click.echo(f"export SLURM_CONF={cfg.conf_path}")  # unwrapped: meant for eval
+        else:
+            click.echo("# the dev cluster is not running: start it with 'fthsdp cluster up'")
     if not st.running:
         raise SystemExit(1)
 
@@ -153,7 +160,29 @@ _hardware_option = click.option(
 )
 
 
-@cluster.command()
+_gpus_option = click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPUs of the node's simulated hardware (default: the cluster's --gpus-per-node).",
+)
+
+
+def _target(
+    directory: Path, hardware_root: Path | None, node: str, fault: str | None, gpus: int | None
+) -> tuple[devcluster.DevClusterConfig, Path, int]:
+    """The cluster under --dir, its hardware root and GPU count, once NODE and FAULT fit it."""
+    from runtime.control.inject import check_target
+    from runtime.control.inject import hardware_root as default_root
+
+    cfg = devcluster.DevClusterConfig.load(directory.resolve())
+    check_target(node, fault, cfg.node_names, cfg.health, cfg.directory)
+    if gpus is not None and gpus != cfg.gpus_per_node:
+        raise InputError("--gpus", gpus, f"the cluster's {cfg.gpus_per_node} GPUs per node")
+    return cfg, hardware_root or default_root(cfg.directory), cfg.gpus_per_node
+
+
+@cluster.command(short_help="Break a node's simulated hardware, slow it, or kill its ranks.")
 @_dir_option
 @_hardware_option
 @click.argument("node")
@@ -164,32 +193,37 @@ _hardware_option = click.option(
     "processes with no hardware sign; slow[=FACTOR] (default 2) makes its replica ranks that "
     "much slower (a straggler).",
 )
-@click.option("--gpus", default=8, show_default=True, type=int)
-def inject(directory: Path, hardware_root: Path | None, node: str, fault: str, gpus: int) -> None:
-    """Make NODE fail the way real hardware does (or kill its replica processes)."""
-    from runtime.control.inject import hardware_root as default_root
+@_gpus_option
+def inject(
+    directory: Path, hardware_root: Path | None, node: str, fault: str, gpus: int | None
+) -> None:
+    """Make NODE of the dev cluster under --dir fail the way real hardware does (or kill its
+    replica processes).
+
+    Only that cluster is touched: NODE must be one of its nodes, `kill` matches processes by the
+    cluster's SLURM_CONF, and a hardware or slow fault needs a cluster started with --health.
+    """
     from runtime.control.inject import inject as do_inject
 
-    root = hardware_root or default_root(directory)
-    result = do_inject(root, node, fault, gpus)
+    cfg, root, gpus_per_node = _target(directory, hardware_root, node, fault, gpus)
+    result = do_inject(root, node, fault, gpus_per_node, slurm_conf=cfg.conf_path)
     if fault == "kill":
         click.echo(f"{node}: killed {len(result)} replica processes {' '.join(result)}".rstrip())
     else:
         click.echo(f"{node}: faults now {', '.join(result)} ({root / node})")
 
 
-@cluster.command()
+@cluster.command(short_help="Make a node's simulated hardware healthy again.")
 @_dir_option
 @_hardware_option
 @click.argument("node")
-@click.option("--gpus", default=8, show_default=True, type=int)
-def heal(directory: Path, hardware_root: Path | None, node: str, gpus: int) -> None:
+@_gpus_option
+def heal(directory: Path, hardware_root: Path | None, node: str, gpus: int | None) -> None:
     """Restore NODE's simulated hardware to healthy (the HealthCheckProgram resumes it)."""
-    from runtime.control.inject import hardware_root as default_root
     from runtime.control.inject import heal as do_heal
 
-    root = hardware_root or default_root(directory)
-    do_heal(root, node, gpus)
+    _, root, gpus_per_node = _target(directory, hardware_root, node, None, gpus)
+    do_heal(root, node, gpus_per_node)
     click.echo(f"{node}: healthy ({root / node})")
 
 

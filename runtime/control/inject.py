@@ -12,8 +12,14 @@ which the replica ranks on that node read through `FTHSDP_SLOW_FILE=<root>/{node
 it. `heal` removes it.
 
 `kill` has no hardware sign: it SIGKILLs the replica's training processes on that node (the tasks
-of the supervisor's srun step, found by `SLURMD_NODENAME` and `FTHSDP_LAUNCH` in their
-environment), which is a process fault: tier 1, relaunch in place.
+of the supervisor's srun step), which is a process fault: tier 1, relaunch in place. Several dev
+clusters can share a host, and every one has a `node1`: a process is this cluster's only when its
+environment names this cluster's `SLURM_CONF` (Slurm sets it in every task), besides
+`SLURMD_NODENAME` and `FTHSDP_LAUNCH`.
+
+`check_target` is what the CLI asks first: the node must be one of the cluster's, and a hardware
+or slow fault needs a cluster started with `--health`, the only one whose hooks and jobs read the
+simulated hardware.
 """
 
 from __future__ import annotations
@@ -52,15 +58,47 @@ def _save_faults(root: Path, node: str, faults: list[str]) -> None:
     path.write_text(json.dumps(faults))
 
 
-def inject(root: Path, node: str, fault: str, gpus: int = 8) -> list[str]:
-    """Inject `fault` into `node`; returns the node's hardware faults now, or the killed pids."""
+def fault_name(fault: str) -> str:
+    """The fault's name (`slow=3` -> `slow`); an unknown fault is an InputError."""
     name, _, arg = fault.partition("=")
     if name not in FAULTS or (arg and name != "slow"):
         raise InputError("--fault", fault, f"one of {', '.join(FAULTS)} (slow=FACTOR)")
+    return name
+
+
+def check_target(
+    node: str, fault: str | None, nodes: list[str], health: bool, cluster_dir: Path
+) -> None:
+    """Refuse a node the cluster does not have, and a fault nothing on this cluster would read."""
+    if node not in nodes:
+        raise InputError(
+            "NODE", node, f"a node of the dev cluster in {cluster_dir}: {', '.join(nodes)}"
+        )
+    if fault is not None and fault_name(fault) == "kill":
+        return
+    if not health:
+        raise InputError(
+            "--dir",
+            str(cluster_dir),
+            "a cluster started with simulated hardware; nothing on this one reads it: start it "
+            "with 'fthsdp cluster up --health'",
+        )
+
+
+def inject(
+    root: Path, node: str, fault: str, gpus: int = 8, slurm_conf: Path | None = None
+) -> list[str]:
+    """Inject `fault` into `node`; returns the node's hardware faults now, or the killed pids.
+
+    `kill` needs `slurm_conf`, the cluster's config: it is how its processes are told apart."""
+    name, _, arg = fault.partition("=")
+    fault_name(fault)
     if name == "slow":
         return _inject_slow(root, node, arg, fault)
     if fault == "kill":
-        return [str(pid) for pid in kill_replica_processes(node)]
+        if slurm_conf is None:
+            raise InputError("--fault", fault, "kill needs the cluster's SLURM_CONF")
+        return [str(pid) for pid in kill_replica_processes(node, slurm_conf)]
     assert fault in HARDWARE_FAULTS
     faults = [*node_faults(root, node), fault]
     faults = list(dict.fromkeys(faults))
@@ -114,24 +152,31 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def replica_processes(node: str) -> Iterator[int]:
-    """Training task processes of any replica step running on dev node `node`."""
+def is_replica_task(env: dict[str, str], comm: str, node: str, slurm_conf: Path) -> bool:
+    """Whether a process with this environment is a replica's task on `node` of the cluster whose
+    config is `slurm_conf` (pure: tested by a table)."""
+    conf = env.get("SLURM_CONF")
+    if not conf or os.path.realpath(conf) != os.path.realpath(slurm_conf):
+        return False
+    if env.get("SLURMD_NODENAME") != node or "FTHSDP_LAUNCH" not in env:
+        return False
+    return "SLURM_PROCID" in env and comm not in ("srun", "slurmstepd")
+
+
+def replica_processes(node: str, slurm_conf: Path) -> Iterator[int]:
+    """Training task processes of any replica step on dev node `node` of this cluster only."""
     me = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         pid = int(entry.name)
-        env = _environ(pid)
-        if env.get("SLURMD_NODENAME") != node or "FTHSDP_LAUNCH" not in env:
-            continue
-        if "SLURM_PROCID" not in env or _comm(pid) in ("srun", "slurmstepd"):
-            continue
-        yield pid
+        if is_replica_task(_environ(pid), _comm(pid), node, slurm_conf):
+            yield pid
 
 
-def kill_replica_processes(node: str) -> list[int]:
+def kill_replica_processes(node: str, slurm_conf: Path) -> list[int]:
     killed = []
-    for pid in replica_processes(node):
+    for pid in replica_processes(node, slurm_conf):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
