@@ -2,8 +2,9 @@
 
 `run_status` builds plain data from jobs.json joined with squeue; `full_status` adds the
 coordinator's view (`runtime.control.client`): per replica step, state, restarts, last failure,
-plus the quorum, the cursor and the drained nodes. `--json` prints that dict as is; `_render`
-only draws it with rich. `requeue` and `events` are thin wrappers over the same client module.
+plus the quorum, the cursor and the drained nodes. `--json` prints that dict as is;
+`render_status` only draws it with rich, at any width down to 80 columns. `requeue` and
+`events` are thin wrappers over the same client module.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
 
     record = read_run(run_dir)
     queued = backend.jobs(record.job_ids)
-    data = {
+    rows = job_rows(record, queued)
+    for row in rows:  # squeue says "None" for no reason: JSON says null
+        if row.get("reason") in ("", "None"):
+            row["reason"] = None
+    return {
         "name": record.name,
         "run_dir": record.run_dir,
         "submitted_at": record.submitted_at,
-        "jobs": job_rows(record, queued),
+        "jobs": rows,
     }
-    return data
 
 
 def straggler_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,6 +44,32 @@ def straggler_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
         d = decisions.get(v["replica"], {})
         rows.append({**v, "action": d.get("action"), "why": d.get("why")})
     return rows
+
+
+#: Slurm job states of a replica job that has ended, and the state shown for it.
+_FINISHED = {"COMPLETED": "done", "FAILED": "failed", "CANCELLED": "cancelled"}
+_FINISHED |= {"TIMEOUT": "timed out", "OUT_OF_MEMORY": "out of memory", "NODE_FAIL": "node failed"}
+
+
+def settle_replicas(status: dict[str, Any]) -> None:
+    """Make each replica row say what its job is now (pure; tested by a table).
+
+    A job Slurm reports ended is shown as ended (the coordinator's last phase would still say
+    `training`); a het replica's helper component's nodes go to `helper_nodes`, so `nodes` lists
+    the trainer's nodes only."""
+    components = {
+        j["replica"]: list(j.get("nodes", []))
+        for j in status.get("jobs", [])
+        if j.get("role") == "replica"
+    }
+    for row in status.get("replicas", []):
+        ended = _FINISHED.get(str(row.get("slurm_state") or ""))
+        if ended and row["state"] not in ("done", "out", "ended"):
+            row["state"] = ended
+        comps = components.get(row["replica"], [])
+        row["helper_nodes"] = [n for n in comps[1:] if n]
+        if len(comps) > 1:
+            row["nodes"] = [comps[0]] if comps[0] else []
 
 
 def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
@@ -62,63 +92,133 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
         merged["drained"] = None
         merged["drained_unknown"] = unreadable
     merged["stragglers"] = straggler_rows(coord or {})
+    settle_replicas(merged)
     return merged
 
 
-def _render(status: dict[str, Any]) -> Any:
+def quorum_line(status: dict[str, Any]) -> str:
+    """The coordinator's line: its address and the quorum, or that there is none yet."""
+    if not status.get("coordinator"):
+        return "coordinator: not reachable (Slurm's view only)"
+    quorum = status.get("quorum_id")
+    if quorum is None or quorum < 0:
+        return f"coordinator {status['coordinator']}: no quorum yet"
+    return (
+        f"coordinator {status['coordinator']}: quorum {quorum} of "
+        f"{status['participants']} replicas, data cursor {status['cursor']}"
+    )
+
+
+def straggler_line(v: dict[str, Any]) -> str:
+    """One straggler verdict in words: a suspect is only watched; a straggler may be evicted."""
+    where = f"on {v['slow_node']}" if v.get("slow_node") else "on an unknown node"
+    pace = f"{v['factor'] or 0:.1f}x the others' step time {where} for {v['steps']} steps"
+    if v["state"] == "suspect":
+        text = f"replica {v['replica']}: slow, {pace}; watched, no action unless it lasts"
+    else:
+        text = f"replica {v['replica']}: straggler ({pace})"
+    if v.get("action"):
+        text += f" -> {v['action']} ({v['why']})"
+    return text
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_status(status: dict[str, Any]) -> Any:
+    """The status as a rich renderable that fits 80 columns: names fold, never get cut, and each
+    failure is a line below the table rather than a wrapped cell."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"run {status['name']} ({status['run_dir']})")
-    for col in ("replica", "job id", "nodes", "step", "state", "restarts", "relaunches", "failure"):
-        table.add_column(col)
+    table = Table(title=f"run {status['name']} ({status['run_dir']})", box=box.SIMPLE_HEAD)
+    for col in ("replica", "job", "nodes", "step", "state", "requeued", "relaunched"):
+        table.add_column(col, overflow="fold", no_wrap=col != "nodes")
     for row in status["replicas"]:
+        nodes = ",".join(row["nodes"]) or "-"
+        if row.get("helper_nodes"):
+            nodes += f" (helper: {','.join(row['helper_nodes'])})"
         table.add_row(
             str(row["replica"]),
             row["job_id"] or "-",
-            ",".join(row["nodes"]) or "-",
-            "-" if row["step"] is None else str(row["step"]),
+            nodes,
+            _dash(row["step"]),
             row["state"],
-            "-" if row["restarts"] is None else str(row["restarts"]),
-            "-" if row["relaunches"] is None else str(row["relaunches"]),
-            (row["last_failure"] or "")[:60],
+            _dash(row["restarts"]),
+            _dash(row["relaunches"]),
         )
-    control = [j for j in status["jobs"] if j["role"] == "control"]
-    lines = []
-    for job in control:
-        lines.append(f"control job {job['job_id']}: {job['state']}")
-    if status["coordinator"]:
-        lines.append(
-            f"coordinator {status['coordinator']}: quorum {status['quorum_id']}, "
-            f"{status['participants']} participants, cursor {status['cursor']}"
-        )
-    else:
-        lines.append("coordinator: not reachable (Slurm's view only)")
+    lines = [
+        f"replica {row['replica']} last failure: {row['last_failure']}"
+        for row in status["replicas"]
+        if row.get("last_failure")
+    ]
+    for job in status["jobs"]:
+        if job["role"] == "control":
+            lines.append(f"control job {job['job_id']}: {job['state']}")
+    lines.append(quorum_line(status))
     if status["drained"] is None:
         lines.append("drained: unknown (Slurm's node list could not be read)")
     for d in status["drained"] or []:
         lines.append(f"drained {d['node']}: {d['reason']}")
-    for v in status.get("stragglers", []):
-        text = f"replica {v['replica']}: {v['state']} {v['factor'] or 0:.1f}x"
-        text += f" on {v['slow_node'] or 'unknown node'} for {v['steps']} steps"
-        if v.get("action"):
-            text += f" -> {v['action']} ({v['why']})"
-        lines.append(text)
+    lines.extend(straggler_line(v) for v in status.get("stragglers", []))
     return Group(table, *(Text(line) for line in lines))
+
+
+_render = render_status  # the demo draws the same table
+
+
+def _watch(
+    run_dir: Path, backend: SlurmBackend, data: dict[str, Any], as_json: bool, interval: float
+) -> None:
+    """Refresh every `interval` seconds until interrupted: a live table on a terminal, one
+    snapshot per interval into a pipe or file, JSON lines only with `--json`."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    if as_json or not console.is_terminal:
+        while True:
+            if as_json:
+                click.echo(json.dumps(data))
+            else:
+                console.print(render_status(data))
+                click.echo("")
+            time.sleep(interval)
+            data = full_status(run_dir, backend)
+    with Live(render_status(data), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            live.update(render_status(full_status(run_dir, backend)))
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--watch", is_flag=True, help="Keep the table live until interrupted.")
-@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh until interrupted: live on a terminal; into a pipe one snapshot per interval "
+    "(with --json one JSON object per line).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
 def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
-    """Show the state of a run's replicas and control job."""
-    import time
+    """Show the state of a run's replicas and control job.
 
+    A replica row's `requeued` counts Slurm requeues (new nodes), `relaunched` restarts in place.
+    Exit 3 when Slurm cannot be reached.
+    """
     from rich.console import Console
-    from rich.live import Live
 
     from slurm.backend import default_backend
     from slurm.run_dir import check_run_files
@@ -130,29 +230,37 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     data = full_status(run_dir, backend)
     if data.get("drained_unknown"):
         click.echo(f"drained nodes unknown: {data['drained_unknown']}", err=True)
-    if as_json and not watch:
-        click.echo(json.dumps(data, indent=2))
-        return
     if not watch:
-        Console().print(_render(data))
+        if as_json:
+            click.echo(json.dumps(data, indent=2))
+        else:
+            Console().print(render_status(data))
         return
-    with Live(_render(data), refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(interval)
-                data = full_status(run_dir, backend)
-                if as_json:
-                    click.echo(json.dumps(data))
-                else:
-                    live.update(_render(data))
-        except KeyboardInterrupt:
-            pass
+    try:
+        _watch(run_dir, backend, data, as_json, interval)
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:  # `| head`: the reader is gone, nothing left to say
+        import os
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--replica", required=True, type=int, help="The replica whose job to requeue.")
-@click.option("--drain", "drain_node", default=None, help="Drain this node first.")
+@click.option(
+    "--replica",
+    required=True,
+    type=click.IntRange(min=0),
+    help="The replica whose job to requeue.",
+)
+@click.option(
+    "--drain",
+    "drain_node",
+    default=None,
+    help="Drain this node first (only a node of the replica's own job).",
+)
 @click.option("--reason", default="requeued by operator", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def requeue(
@@ -173,10 +281,15 @@ def requeue(
         click.echo(f"replica {replica}: job {result['job_id']} requeued (via {result['via']})")
 
 
+def event_text(kind: str, text: str) -> str:
+    """`kind: text`, or the kind alone when the text only repeats it."""
+    return kind if text.strip() in ("", kind) else f"{kind}: {text}"
+
+
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option("--last", type=int, default=None, help="Only the last N entries.")
+@click.option("--last", type=click.IntRange(min=1), default=None, help="Only the last N entries.")
 def events(run_dir: Path, as_json: bool, last: int | None) -> None:
     """Print the run's control-plane journal (reports, decisions, Slurm actions), newest last."""
     import dataclasses
@@ -193,4 +306,4 @@ def events(run_dir: Path, as_json: bool, last: int | None) -> None:
         else:
             when = datetime.fromtimestamp(e.at).strftime("%H:%M:%S.%f")[:-3]
             who = "" if e.replica is None else f"r{e.replica} "
-            click.echo(f"{when} {who}{e.kind}: {e.text}")
+            click.echo(f"{when} {who}{event_text(e.kind, e.text)}")
