@@ -141,6 +141,9 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # one line, like every other bad input
+            where = exc.ctx.command_path if exc.ctx else ctx.command_path
+            raise BadInput(f"{exc.format_message()} (see '{where} --help')") from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:

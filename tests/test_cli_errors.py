@@ -95,6 +95,42 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["prolog", "--config", "/nonexistent.toml", "--no-drain", "--only", "disk"], 0, ""),
     (["nosuchcommand"], 2, "No such command"),
 ]
+CPU = str(SPECS / "cpu.toml")
+# Options out of range or unusable: refused before any work, naming the option.
+TABLE += [
+    (["render", CPU, "--out", "/proc/nope"], 2, "--out"),
+    (["render", CPU, "--replica", "-1"], 2, "--replica"),
+    (["render", CPU, "--replica", "9"], 2, "--replica"),
+    (["submit", CPU, "--set", "replicas.count=0"], 2, "replicas.count"),
+    (["status", "{good}", "--watch", "--interval", "-1"], 2, "--interval"),
+    (["status", "{good}", "--watch", "--interval", "0"], 2, "--interval"),
+    (["status", "{good}", "--interval", "x"], 2, "--interval"),
+    (["events", "{good}", "--last", "-1"], 2, "--last"),
+    (["events", "{good}", "--last", "0"], 2, "--last"),
+    (["requeue", "{good}", "--replica", "-1"], 2, "--replica"),
+    (["cancel"], 2, "RUN_DIR"),
+    (["simulate", "--plot", "/nonexistent/x.png"], 2, "--plot"),
+    (["simulate", "--plot", "{tmp}/x.txt"], 2, "--plot"),
+    (["simulate", "--sweep-replicas", "1,x"], 2, "--sweep-replicas"),
+    (["simulate", "--mtbf-minutes", "0"], 2, "--mtbf-minutes"),
+    (["simulate", "--runs", "0"], 2, "--runs"),
+    (["run", CPU, "--steps", "-1"], 2, "--steps"),
+    (["run", CPU, "--steps", "0"], 2, "--steps"),
+    (["run", CPU, "--timeout", "-5"], 2, "--timeout"),
+    (["run", CPU, "--kill-replica", "1", "--at-step", "500", "--steps", "200"], 2, "--at-step"),
+    (["run", CPU, "--kill-replica", "1"], 2, "--at-step"),
+    (["run", CPU, "--kill-replica", "9", "--at-step", "5"], 2, "--kill-replica"),
+    (["run", CPU, "--replicas", "0"], 2, "--replicas"),
+    (["run", CPU, "--slow-factor", "0.5"], 2, "--slow-factor"),
+    (["run", CPU, "--chaos-mtbf", "0"], 2, "--chaos-mtbf"),
+    (["run", CPU, "--restart-delay", "-1"], 2, "--restart-delay"),
+    (["check", "--only", ""], 2, "--only"),
+    (["doctor", "--timeout", "0"], 2, "--timeout"),
+    (["cluster", "status", "--dir", "{tmp}"], 2, "--dir"),
+    (["cluster", "inject", "node9", "--fault", "xid79", "--dir", "{tmp}"], 2, "--dir"),
+    (["cluster", "heal", "node1", "--dir", "{tmp}"], 2, "--dir"),
+    (["cluster", "up", "--nodes", "0", "--dir", "{tmp}"], 2, "nodes"),
+]
 
 
 def test_table_covers_every_command() -> None:
@@ -116,6 +152,8 @@ def test_command_bad_input_is_one_line(
     argv = [a.format(**fill) for a in args]
     r = CliRunner().invoke(cli, argv, env={"SLURM_CONF": str(empty_conf)})
     assert r.exit_code == code, r.output
+    if code == 2 and args[0] != "prolog":
+        assert len(r.output.strip().splitlines()) == 1, r.output  # no usage block either
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert "Traceback" not in r.output
     errors = [line for line in r.output.splitlines() if line.startswith("Error")]

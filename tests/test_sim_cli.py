@@ -86,10 +86,11 @@ def test_table_by_default() -> None:
         (["--preset", "nope"], "preset"),
     ],
 )
-def test_bad_input_exits_2_naming_the_field(args: list[str], field: str) -> None:
+def test_bad_input_exits_2_naming_the_option(args: list[str], field: str) -> None:
     result = _run(*args)
     assert result.exit_code == 2, result.output
-    assert f"{field}:" in result.output
+    assert result.output.startswith(f"Error: --{field.replace('_', '-')}:"), result.output
+    assert "_" not in result.output.split(";")[1], result.output  # no Python field names
     assert "Traceback" not in result.output
 
 

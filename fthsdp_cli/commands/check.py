@@ -36,6 +36,7 @@ _STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "error": "magenta", 
     type=click.Choice(["auto", "nvml", "nvidia-smi"]),
     default="auto",
     show_default=True,
+    help="Where GPU state is read from.",
 )
 @click.option(
     "--sysfs-root",
@@ -61,10 +62,16 @@ def check(
 ) -> None:
     """Run the node health checks here and print the verdict (changes nothing)."""
     from prolog_epilog import load_config, run_checks
-    from prolog_epilog.runner import parse_check_list
+    from prolog_epilog.runner import CHECK_NAMES, parse_check_list
+    from slurm.errors import InputError
 
     cfg = load_config(config_path, node=node)
-    names = parse_check_list(only)
+    try:
+        names = parse_check_list(only)
+    except InputError as exc:
+        raise InputError("--only", exc.value, exc.allowed) from None
+    if names == []:  # "--only ''" would check nothing and call the node healthy
+        raise InputError("--only", only, f"at least one of: {', '.join(CHECK_NAMES)}")
     if names is None and os.environ.get("FTHSDP_HEALTH_CHECKS"):
         names = cfg.default_checks + [
             c
@@ -97,10 +104,26 @@ def check(
 
 def _entry(mode: str) -> click.Command:
     @click.command(name=mode, context_settings={"ignore_unknown_options": True})
-    @click.option("--config", "config_path", default=None, envvar="FTHSDP_HEALTH_CONFIG")
-    @click.option("--node", default=None)
-    @click.option("--only", default=None)
-    @click.option("--gpu-source", type=click.Choice(["auto", "nvml", "nvidia-smi"]), default="auto")
+    @click.option(
+        "--config",
+        "config_path",
+        default=None,
+        envvar="FTHSDP_HEALTH_CONFIG",
+        help="Health-check TOML config (env FTHSDP_HEALTH_CONFIG; defaults built in).",
+    )
+    @click.option(
+        "--node", default=None, help="This node's Slurm name (default: $SLURMD_NODENAME)."
+    )
+    @click.option(
+        "--only", default=None, help="Comma list of checks to run instead of the configured ones."
+    )
+    @click.option(
+        "--gpu-source",
+        type=click.Choice(["auto", "nvml", "nvidia-smi"]),
+        default="auto",
+        show_default=True,
+        help="Where GPU state is read from.",
+    )
     @click.option("--no-drain", is_flag=True, help="Report only; change nothing in Slurm.")
     def command(
         config_path: str | None, node: str | None, only: str | None, gpu_source: str, no_drain: bool

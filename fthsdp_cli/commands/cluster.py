@@ -172,9 +172,11 @@ def _target(
     directory: Path, hardware_root: Path | None, node: str, fault: str | None, gpus: int | None
 ) -> tuple[devcluster.DevClusterConfig, Path, int]:
     """The cluster under --dir, its hardware root and GPU count, once NODE and FAULT fit it."""
-    from runtime.control.inject import check_target
+    from runtime.control.inject import check_target, fault_name
     from runtime.control.inject import hardware_root as default_root
 
+    if fault is not None:
+        fault_name(fault)  # a typo is named before the cluster is looked for
     cfg = devcluster.DevClusterConfig.load(directory.resolve())
     check_target(node, fault, cfg.node_names, cfg.health, cfg.directory)
     if gpus is not None and gpus != cfg.gpus_per_node:

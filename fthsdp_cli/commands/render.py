@@ -23,6 +23,7 @@ _set_option = click.option(
 def _render(
     spec_path: Path, overrides: tuple[str, ...], out: Path | None, replica: int | None
 ) -> None:
+    from slurm.errors import InputError
     from slurm.render import concatenated, render_run, write_scripts
     from slurm.spec import load_spec
 
@@ -31,7 +32,13 @@ def _render(
     if out is None:
         click.echo(concatenated(scripts), nl=False)
         return
-    for path in write_scripts(scripts, out):
+    try:
+        paths = write_scripts(scripts, out)
+    except OSError as exc:  # the user's folder: bad input, not a broken machine
+        raise InputError(
+            "--out", str(out), f"a folder this user can create and write ({exc.strerror})"
+        ) from None
+    for path in paths:
         click.echo(str(path))
 
 
@@ -43,7 +50,12 @@ def _render(
     default=None,
     help="Write the scripts into this folder instead of printing them.",
 )
-@click.option("--replica", type=int, default=None, help="Render only this replica's script.")
+@click.option(
+    "--replica",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Render only this replica's script.",
+)
 @_set_option
 def render(spec: Path, out: Path | None, replica: int | None, overrides: tuple[str, ...]) -> None:
     """Render a spec's sbatch scripts (dry run: nothing is submitted).
@@ -89,15 +101,30 @@ def submit(
     Console().print(table)
 
 
+def cancel_order(record_ids: list[str], live: set[str]) -> tuple[list[str], list[str]]:
+    """(ids to cancel, ids already finished), in the record's order: replicas before the control
+    job, so none outlives its control plane. A job Slurm no longer lists has finished."""
+    return [i for i in record_ids if i in live], [i for i in record_ids if i not in live]
+
+
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 def cancel(run_dir: Path) -> None:
-    """Cancel every job of a run (as recorded in RUN_DIR/jobs.json)."""
+    """Cancel every job of a run that is still queued or running (as recorded in
+    RUN_DIR/jobs.json); says which had already finished."""
     from slurm.backend import default_backend
-    from slurm.run_dir import read_run
-    from slurm.submit import cancel_run, check_slurm_conf
+    from slurm.run_dir import live_jobs, read_run
+    from slurm.submit import check_slurm_conf
 
     record = read_run(run_dir)
     check_slurm_conf()
-    ids = cancel_run(record, default_backend())
-    click.echo(f"cancelled {len(ids)} job(s): {','.join(ids)}")
+    backend = default_backend()
+    ids = [r.job_id for r in record.replicas] + ([record.control.job_id] if record.control else [])
+    to_cancel, finished = cancel_order(ids, {j.base_id for j in live_jobs(record, backend)})
+    if to_cancel:
+        backend.cancel(to_cancel)
+        click.echo(f"cancelled {len(to_cancel)} job(s): {','.join(to_cancel)}")
+    else:
+        click.echo("nothing left to cancel")
+    if finished:
+        click.echo(f"already finished: {','.join(finished)}")

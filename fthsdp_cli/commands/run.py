@@ -1,4 +1,4 @@
-"""`fthsdp run --local SPEC`: run a spec's FT-HSDP job on this machine, with optional faults.
+"""`fthsdp run SPEC` (or `run --local SPEC`): a spec's FT-HSDP job on this machine, with faults.
 
 Thin: load the spec, build a `runtime.local_launcher.LaunchConfig`, run it while a rich table
 shows each replica's step, state and restarts, then print the summary (or one JSON object with
@@ -49,33 +49,91 @@ def _summary_table(summary: Any) -> Table:
 
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--local", "local", is_flag=True, help="Run replicas as local processes.")
-@click.option("--replicas", type=int, default=None, help="Override replicas.count.")
-@click.option("--ranks-per-replica", type=int, default=None, help="Ranks (processes) per replica.")
-@click.option("--steps", type=int, default=None, help="Override train.steps.")
-@click.option("--kill-replica", type=int, default=None, help="kill -9 this replica once ...")
-@click.option("--at-step", type=int, default=None, help="... when it reaches this step.")
-@click.option("--chaos-mtbf", type=float, default=None, help="Random kills, mean seconds apart.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the chaos kills.")
+@click.option(
+    "--local",
+    "local",
+    is_flag=True,
+    hidden=True,
+    help="Accepted for clarity: replicas always run as local processes here.",
+)
+@click.option(
+    "--replicas", type=click.IntRange(min=1), default=None, help="Override replicas.count."
+)
+@click.option(
+    "--ranks-per-replica",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks (processes) per replica.",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Override train.steps.")
+@click.option(
+    "--kill-replica",
+    type=click.IntRange(min=0),
+    default=None,
+    help="kill -9 this replica once, when it reaches --at-step.",
+)
+@click.option(
+    "--at-step",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The step at which --kill-replica dies (within the run's steps).",
+)
+@click.option(
+    "--chaos-mtbf",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Random kills, mean seconds apart.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the chaos kills.",
+)
 @click.option(
     "--restart-delay",
-    type=float,
+    type=click.FloatRange(min=0),
     default=0.0,
     show_default=True,
     help="Seconds before a dead replica is restarted (stands in for requeue + allocation).",
 )
-@click.option("--slow-replica", type=int, default=None, help="Make this replica a straggler ...")
-@click.option("--slow-factor", type=float, default=2.0, show_default=True, help="... this slow.")
+@click.option(
+    "--slow-replica",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Make this replica a straggler, --slow-factor times slower.",
+)
+@click.option(
+    "--slow-factor",
+    type=click.FloatRange(min=1, max=100),
+    default=2.0,
+    show_default=True,
+    help="How much slower --slow-replica computes.",
+)
 @click.option(
     "--straggler-window",
-    type=int,
+    type=click.IntRange(min=1),
     default=50,
     show_default=True,
     help="Steps a replica must stay slow to be a straggler (then it is evicted if that pays).",
 )
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the run keeps its state, logs and checkpoints (default: the spec's "
+    "job.run_dir). A local run starts it afresh, keeping checkpoints only with --resume.",
+)
 @click.option("--resume", is_flag=True, help="Keep durable checkpoints from an earlier run.")
-@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1800.0,
+    show_default=True,
+    help="Seconds the whole run may take; then every process is stopped and the run fails.",
+)
 @click.option(
     "--set",
     "overrides",
@@ -104,14 +162,13 @@ def run(
     overrides: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Run SPEC's training job locally: the quorum service plus R x W worker processes.
+    """Run SPEC's training job on this machine: the quorum service plus R x W worker processes
+    (on Slurm, use 'fthsdp submit').
 
     A replica whose processes die is restarted (the local stand-in for a requeue); the others
     keep training. Exit 0 when all steps committed, the final weights agree and the data ledger
     shows every sample exactly once; 1 otherwise.
     """
-    if not local:
-        raise InputError("--local", False, "only --local runs here; use `fthsdp submit` on Slurm")
     if (kill_replica is None) != (at_step is None):
         raise InputError(
             "--kill-replica/--at-step", (kill_replica, at_step), "give both or neither"
@@ -140,6 +197,8 @@ def run(
         restart_delay_s=restart_delay,
         run_timeout_s=timeout_s,
     )
+    if at_step is not None and at_step > cfg.steps:
+        raise InputError("--at-step", at_step, f"a step in 1..{cfg.steps} (the run's steps)")
     clear_run_state(cfg.run_dir, keep_checkpoints=resume)
     err = Console(stderr=True)
     if as_json or not err.is_terminal:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,34 @@ def _parse_counts(text: str | None) -> list[int] | None:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise InputError(
-            "sweep_replicas", text, "a comma-separated list of whole numbers"
-        ) from None
+        counts = []
     if not counts:
-        raise InputError("sweep_replicas", text, "a comma-separated list of whole numbers")
+        raise InputError("--sweep-replicas", text, "a comma-separated list of whole numbers")
     return counts
+
+
+#: What matplotlib writes without extra packages; anything else fails only after the run.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse a --plot path that cannot be written, before minutes of simulation."""
+    import os
+
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError("--plot", str(path), f"a file ending in {', '.join(PLOT_SUFFIXES)}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError("--plot", str(path), f"a file in an existing folder ({parent} is not)")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError("--plot", str(path), "a file this user can write")
 
 
 def _fmt_s(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
+    if seconds >= 90 * 60:
+        return f"{seconds / 3600:.1f} h"
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
@@ -52,7 +70,23 @@ def _fmt_ettr(summary: dict[str, Any]) -> str:
     return text
 
 
-def _table(records: list[dict[str, Any]]) -> Table:
+#: Column headers, and the order in which narrow terminals drop them (least telling first).
+COLUMNS = (
+    "mode",
+    "R",
+    "ETTR %\n±95% CI",
+    "stall\n/fail",
+    "recovery",
+    "fail\n/day",
+    "ckpt\nevery",
+    "ckpt",
+)
+DROP_ORDER = ("fail\n/day", "ckpt", "ckpt\nevery", "recovery")
+
+
+def _table(records: list[dict[str, Any]], drop: tuple[str, ...] = ()) -> Table:
+    from rich import box
+
     params = records[0]["params"]
     mtbf = params["job_mtbf_s"]
     rate = f"failure every {_fmt_s(mtbf)}" if mtbf else "no failures"
@@ -60,31 +94,51 @@ def _table(records: list[dict[str, Any]]) -> Table:
         f"{params['gpus']:,} GPUs · {rate} · "
         f"{params['days']:g} days × {params['runs']} runs (seed {params['seed']})"
     )
-    table = Table(title=title)
-    for name in (
-        "mode",
-        "R",
-        "ETTR % (95% CI)",
-        "stall/fail",
-        "recovery",
-        "fail/day",
-        "ckpt every",
-        "ckpt",
-    ):
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    keep = [name for name in COLUMNS if name not in drop]
+    for name in keep:
         table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
     rows = [records[0]["sync"]] + [rec["fthsdp"] for rec in records]
     for s in rows:
-        table.add_row(
-            "sync" if s["mode"] == "sync" else "FT-HSDP",
-            str(s["replicas"]),
-            _fmt_ettr(s),
-            _fmt_s(s["stall_s_mean"]),
-            _fmt_s(s["recovery_s_mean"]),
-            f"{s['failures_per_day']:.1f}",
-            _fmt_interval(s["checkpoint_interval_s"], params["days"]),
-            f"{s['checkpoint_overhead'] * 100:.1f}%",
-        )
+        cells = {
+            "mode": "sync" if s["mode"] == "sync" else "FT-HSDP",
+            "R": str(s["replicas"]),
+            COLUMNS[2]: _fmt_ettr(s),
+            COLUMNS[3]: _fmt_s(s["stall_s_mean"]),
+            "recovery": _fmt_s(s["recovery_s_mean"]),
+            COLUMNS[5]: f"{s['failures_per_day']:.1f}",
+            COLUMNS[6]: _fmt_interval(s["checkpoint_interval_s"], params["days"]),
+            "ckpt": f"{s['checkpoint_overhead'] * 100:.1f}%",
+        }
+        table.add_row(*(cells[name] for name in keep))
     return table
+
+
+def fitted_table(records: list[dict[str, Any]], console: Console) -> Table:
+    """The table, less its least telling columns until it fits the console's width."""
+    drop: tuple[str, ...] = ()
+    table = _table(records)
+    for name in DROP_ORDER:
+        wide = console.options.update_width(10_000)  # measure unclamped by the console
+        if console.measure(table, options=wide).maximum <= console.width:
+            break
+        drop = (*drop, name)
+        table = _table(records, drop)
+    return table
+
+
+def as_option_error(exc: InputError, options: dict[str, str]) -> InputError:
+    """The same error naming options (`--mtbf-minutes`) where it named fields (`mtbf_minutes`)."""
+    allowed = exc.allowed
+    for name, option in options.items():
+        if "_" in name:
+            allowed = re.sub(rf"\b{name}\b", option, allowed)
+    return InputError(options.get(exc.field, exc.field), exc.value, allowed)
+
+
+def _option_names(ctx: click.Context) -> dict[str, str]:
+    """Python field -> the option that sets it, so an error names what the user typed."""
+    return {p.name: p.opts[0] for p in ctx.command.params if p.name and p.opts}
 
 
 @click.command()
@@ -128,7 +182,7 @@ def _table(records: list[dict[str, Any]]) -> Table:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write ETTR vs replica count to this PNG (needs matplotlib).",
+    help="Write ETTR vs replica count to this .png, .pdf or .svg (needs matplotlib).",
 )
 def simulate(
     preset: str,
@@ -159,30 +213,35 @@ def simulate(
     """
     from runtime.sim import compare, params_from_options
 
+    if plot is not None:
+        check_plot_path(plot)
     counts = _parse_counts(sweep_replicas)
-    params = params_from_options(
-        preset,
-        mtbf_minutes=mtbf_minutes,
-        failures_per_1000_nodes_day=failures_per_1000_nodes_day,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        replicas=replicas,
-        rack_failures_per_day=rack_failures_per_day,
-        rack_span_replicas=rack_span_replicas,
-        checkpoint_interval_s=checkpoint_interval_s,
-        report_interval_s=report_interval_s,
-        reporters_per_replica=reporters_per_replica,
-        report_cost_s=report_cost_s,
-        checkpoint_write_s=checkpoint_write_s,
-        days=days,
-        runs=runs,
-        seed=seed,
-    )
-    if as_json:
-        comparisons = compare(params, counts)
-    else:
-        with Console(stderr=True).status("simulating"):
+    try:
+        params = params_from_options(
+            preset,
+            mtbf_minutes=mtbf_minutes,
+            failures_per_1000_nodes_day=failures_per_1000_nodes_day,
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            replicas=replicas,
+            rack_failures_per_day=rack_failures_per_day,
+            rack_span_replicas=rack_span_replicas,
+            checkpoint_interval_s=checkpoint_interval_s,
+            report_interval_s=report_interval_s,
+            reporters_per_replica=reporters_per_replica,
+            report_cost_s=report_cost_s,
+            checkpoint_write_s=checkpoint_write_s,
+            days=days,
+            runs=runs,
+            seed=seed,
+        )
+        if as_json:
             comparisons = compare(params, counts)
+        else:
+            with Console(stderr=True).status("simulating"):
+                comparisons = compare(params, counts)
+    except InputError as exc:
+        raise as_option_error(exc, _option_names(click.get_current_context())) from None
     records = [c.record(params) for c in comparisons]
     for c in comparisons:
         # one coordinator per run: warn (stderr, so --json stays parseable) when it cannot hold it
@@ -197,8 +256,6 @@ def simulate(
         click.echo(json.dumps(records if counts else records[0], indent=2))
         return
     console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)
-    console.print(_table(records))
+    console.print(fitted_table(records, console))
     if plot is not None:
         console.print(f"plot written to {plot}")
