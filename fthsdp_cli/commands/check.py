@@ -19,6 +19,14 @@ from rich.table import Table
 
 _STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "error": "magenta", "fail": "bold red"}
 
+_gpu_source_option = click.option(
+    "--gpu-source",
+    type=click.Choice(["auto", "nvml", "nvidia-smi"]),
+    default="auto",
+    show_default=True,
+    help="Where GPU state is read from.",
+)
+
 
 @click.command()
 @click.option(
@@ -31,13 +39,7 @@ _STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "error": "magenta", 
 )
 @click.option("--only", default=None, help="Comma list of checks to run instead of the suite.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option(
-    "--gpu-source",
-    type=click.Choice(["auto", "nvml", "nvidia-smi"]),
-    default="auto",
-    show_default=True,
-    help="Where GPU state is read from.",
-)
+@_gpu_source_option
 @click.option(
     "--sysfs-root",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -117,13 +119,7 @@ def _entry(mode: str) -> click.Command:
     @click.option(
         "--only", default=None, help="Comma list of checks to run instead of the configured ones."
     )
-    @click.option(
-        "--gpu-source",
-        type=click.Choice(["auto", "nvml", "nvidia-smi"]),
-        default="auto",
-        show_default=True,
-        help="Where GPU state is read from.",
-    )
+    @_gpu_source_option
     @click.option("--no-drain", is_flag=True, help="Report only; change nothing in Slurm.")
     def command(
         config_path: str | None, node: str | None, only: str | None, gpu_source: str, no_drain: bool
