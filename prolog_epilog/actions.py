@@ -12,10 +12,10 @@ allow-list, and `split_verdict` lets such a check drain the node only when it fi
 errors (a tool missing, a timeout) are the job's problem (`fail_job`), never the node's.
 
 Slurm drains a node whose prolog exited non-zero with the reason `Prolog error`, unless the
-node is already drained (DESIGN.md fact 3). The prolog drains with an `fthsdp:` reason before it
-exits, and records its failure in the root-owned state_dir; when that drain could not be made
-(slurmctld unreachable, the hook's hard deadline), `claim_prolog_error` renames the following
-`Prolog error` to an `fthsdp:` reason, so fthsdp resumes the node once it passes again.
+node is already drained (docs/design-facts.md, Slurm fact 3). The prolog drains with an `fthsdp:`
+reason before it exits, and records its failure in the root-owned state_dir; when that drain could
+not be made (slurmctld unreachable, the hook's hard deadline), `claim_prolog_error` renames the
+following `Prolog error` to an `fthsdp:` reason, so fthsdp resumes the node once it passes again.
 
 The epilog clean-up kills what the finished job's user left running on that job's GPUs and, when
 the user has nothing else running on the node, removes their files from /dev/shm.

@@ -30,8 +30,8 @@ What each piece maps to (the paper's protocol, torchft's mechanism):
 * non-blocking catch-up: a replica behind the quorum's max step fetches the committed state from a
   healthy peer over torchft's checkpoint transport during the step, contributes zero gradients,
   and is in step after the commit. The state it fetches is `FTHSDP._heal_state`: local shards only
-  (a `full_tensor()` there would be a collective on the transport thread, DESIGN.md trap 1),
-  written back into the parameters' local shards (trap 2).
+  (a `full_tensor()` there would be a collective on the transport thread, docs/design-facts.md,
+  torchft trap 1), written back into the parameters' local shards (trap 2).
 * steps whose quorum max step is 0 or past the last step are data-free *sync steps*: at step 0
   torchft heals every non-primary replica from the primary (`init_sync`) and at the end a lagging
   replica heals from a finished one; no replica takes data or steps the optimizer there, so the

@@ -11,8 +11,8 @@ parser for it (`slurm.slurm_json`): `sinfo --json` on 22.05, `scontrol --json sh
 command runs with a timeout and a bounded number of retries with backoff, because slurmctld
 restarts and slow answers are normal on a busy cluster.
 `PyslurmBackend` is picked by `default_backend()` only when pyslurm imports and matches the running
-Slurm (DESIGN.md fact 9: `import pyslurm` can kill the process, so the import is guarded in a
-child process first).
+Slurm (docs/design-facts.md, Slurm fact 9: `import pyslurm` can kill the process, so the import is
+guarded in a child process first).
 
 Drain reasons are owned by prefix. `drain` and `resume` take exactly one node name (a hostlist
 would be expanded by Slurm), re-read that node right before acting, and act only on what they
@@ -161,9 +161,10 @@ class CommandBackend:
         self._run(["scontrol", "requeue", job_id])
 
     def release(self, job_id: str, exclude: Sequence[str] = (), settle: float = 30.0) -> None:
-        """Make a requeued job eligible now (DESIGN.md fact 2: otherwise held back ~120 s),
-        keeping it off the nodes in `exclude` for the rest of its life (`ExcNodeList`, added to
-        what it already excludes): the way to move a replica off a node without draining it.
+        """Make a requeued job eligible now (docs/design-facts.md, Slurm fact 2: otherwise held back
+        ~120 s), keeping it off the nodes in `exclude` for the rest of its life (`ExcNodeList`,
+        added to what it already excludes): the way to move a replica off a node without draining
+        it.
 
         Right after `scontrol requeue` the job is still COMPLETING, and Slurm sets the
         held-back begin time only when it has completed: an update sent earlier is overwritten
@@ -380,8 +381,8 @@ def versions_match(pyslurm_version: str, slurm_version: str) -> bool:
 
 
 def pyslurm_usable() -> bool:
-    """True if pyslurm imports in a child process without killing it (DESIGN.md fact 9)
-    and was built for the Slurm that `sinfo --version` reports."""
+    """True if pyslurm imports in a child process without killing it (docs/design-facts.md, Slurm
+    fact 9) and was built for the Slurm that `sinfo --version` reports."""
     probe = "import pyslurm; print(getattr(pyslurm, '__version__', '') or pyslurm.version())"
     try:
         r = subprocess.run(

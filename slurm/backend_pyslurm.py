@@ -2,10 +2,10 @@
 
 pyslurm talks to slurmctld directly instead of forking a command per action, which matters
 only for a coordinator that acts on many replicas at once. It exists on the package index only
-for some Slurm versions (DESIGN.md fact 9), and `import pyslurm` can kill the process when no
-slurm.conf is found, so this module imports pyslurm inside methods and is itself imported only
-by `slurm.backend.default_backend()` after `pyslurm_usable()` has imported it safely in a child
-process and compared its version with the running Slurm's.
+for some Slurm versions (docs/design-facts.md, Slurm fact 9), and `import pyslurm` can kill the
+process when no slurm.conf is found, so this module imports pyslurm inside methods and is itself
+imported only by `slurm.backend.default_backend()` after `pyslurm_usable()` has imported it safely
+in a child process and compared its version with the running Slurm's.
 
 Actions (requeue, make-eligible-now, cancel, drain, resume) use pyslurm's RPCs; drain and resume
 keep the command backend's checks (one node name, its reason re-read right before acting).

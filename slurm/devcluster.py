@@ -1,8 +1,8 @@
 """A real Slurm cluster on one host, for tests and the demo.
 
 fthsdp is tested against Slurm itself, not a mock: one `munged`, one `slurmctld` and one `slurmd`
-per simulated node, all on loopback ports, all as root (DESIGN.md, verified fact 8). Each node
-gets placeholder GPU device files so GRES scheduling is real, and nodes are grouped under leaf
+per simulated node, all on loopback ports, all as root (docs/design-facts.md, Slurm fact 8). Each
+node gets placeholder GPU device files so GRES scheduling is real, and nodes are grouped under leaf
 switches in `topology.conf` so `--switches` placement is real too.
 
 The cluster is self-contained in one directory: its own munge key and socket, its own config,

@@ -46,7 +46,8 @@ from pathlib import Path
 
 from slurm.errors import EnvironmentProblem, InputError
 
-#: Slurm release -> the Debian suite whose archive ships it (DESIGN.md, facts 10-11).
+#: Slurm release -> the Debian suite whose archive ships it (Slurm facts 10-11,
+#: docs/design-facts.md).
 MATRIX: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
 CACHE_DIR = Path(os.environ.get("FTHSDP_CHROOT_CACHE", "/var/cache/fthsdp/chroots"))
 MARKER = "etc/fthsdp-chroot.json"

@@ -2,10 +2,11 @@
 
 A run is one small control-plane job (`control.sbatch`) plus one job per replica
 (`replica-NN.sbatch`). Each replica is its own requeueable job, never a component of one big
-heterogeneous job: Slurm cannot requeue or lose one component of a het job on its own (DESIGN.md
-fact 1; docs/job-spec.md explains), so a whole-run het job would turn every node fault into a
-whole-run restart. A replica that has a `[replicas.helper]` is itself a two-component het job
-(trainer GPUs + CPU helper), which is fine: the helper shares its replica's fate.
+heterogeneous job: Slurm cannot requeue or lose one component of a het job on its own
+(Slurm fact 1 in docs/design-facts.md; docs/job-spec.md explains), so a whole-run het job would
+turn every node fault into a whole-run restart. A replica that has a `[replicas.helper]` is itself
+a two-component het job (trainer GPUs + CPU helper), which is fine: the helper shares its
+replica's fate.
 
 The `#SBATCH` options of each component are chosen here, in Python, as `(option, value)` pairs;
 the Jinja2 templates under `slurm/templates/` only lay them out and quote every value with

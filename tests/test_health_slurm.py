@@ -127,7 +127,8 @@ def test_prolog_drains_bad_node_job_runs_elsewhere_healthcheck_resumes(
         command="echo ran-on=$SLURMD_NODENAME",
     )
     # The prolog fails on node1: the job is requeued (not held: nohold_on_prolog_fail), with
-    # its begin time pushed ~120 s out (DESIGN.md fact 2); release makes it eligible now.
+    # its begin time pushed ~120 s out (docs/design-facts.md, Slurm fact 2); release makes it
+    # eligible now.
     _wait(lambda: int(_job_field(job, "Restarts") or 0) >= 1, 60, f"job {job} requeued")
     hc.backend.release(job)
     try:

@@ -5,7 +5,7 @@
   (SLURM_HET_SIZE=2 inside), its GPU component lands under one leaf switch.
 - Requeueing one replica restarts only that job (restart count 1), the other keeps running
   untouched, and `release` makes the requeued job start at once rather than ~120 s later
-  (DESIGN.md facts 1, 2, 4).
+  (docs/design-facts.md, Slurm facts 1, 2, 4).
 
 The control job runs `python -m fthsdp_cli control`, which this branch does not provide; it exits
 at once, which is harmless here: replicas depend on it with `after:` (it has started), and the
@@ -191,7 +191,8 @@ def test_two_het_replicas_one_switch_each_and_single_replica_requeue(
     )
     elapsed = time.monotonic() - t0
     assert restarted[0][0] == "2"
-    # Held back ~120 s without release (DESIGN.md fact 2); with it, it starts promptly.
+    # Held back ~120 s without release (docs/design-facts.md, Slurm fact 2); with it, it starts
+    # promptly.
     assert elapsed < 60, f"requeued replica took {elapsed:.0f}s to restart"
     comps0 = components(backend, r0.job_id)
     assert comps0[0].restarts == 1 and comps0[0].state == "RUNNING"

@@ -5,13 +5,13 @@ it can be tested by tables and replayed from the journal after a coordinator res
 copies the state, applies one event and returns the new state with the actions; nothing here
 does I/O or reads a clock (every event carries its own time).
 
-Tiers (DESIGN.md, "Recovery tiers"):
+Tiers (docs/design-facts.md, "Recovery tiers"):
 
 1. a process fault on healthy nodes -> the replica job's supervisor relaunches its srun step
    inside the allocation (directive `relaunch`);
 2. a node fault, a failed health check, or a replica silent past its report timeout -> drain the
    node with an `fthsdp:` reason, `scontrol requeue` the replica's job and make it eligible at
-   once (DESIGN.md fact 2); the prolog gates the new nodes;
+   once (docs/design-facts.md, Slurm fact 2); the prolog gates the new nodes;
 3. more than `max_restarts_per_replica` failures inside `restart_window_s` -> leave the replica
    out while `min_replicas` still hold, else back off (exponentially, capped) and try again.
 

@@ -4,9 +4,10 @@ Every figure the paper reports as an outcome (44 % / 80 % effective training tim
 stall per failure) is deliberately *absent* here: the model only gets the costs of the steps a
 recovery goes through (detection, Slurm allocation, NCCL initialisation, checkpoint load or peer
 state fetch, the slow first step) and how often hardware fails, and the outcomes have to come out
-of the simulation. `PRESETS["paper-100k"]` holds the paper's component figures (DESIGN.md), with
-the midpoint of each range the paper gives; the few costs the paper does not state (detection,
-checkpoint load, checkpoint write, quorum timeout) are marked as assumptions in `notes`.
+of the simulation. `PRESETS["paper-100k"]` holds the paper's component figures
+(docs/design-facts.md), with the midpoint of each range the paper gives; the few costs the paper
+does not state (detection, checkpoint load, checkpoint write, quorum timeout) are marked as
+assumptions in `notes`.
 
 `SimParams.validated()` is the one place bad input is rejected, with `slurm.errors.InputError`
 naming the field, so the CLI and library callers get the same one-line error.
@@ -265,7 +266,7 @@ PRESETS: dict[str, SimParams] = {
         checkpoint_write_s=20.0,  # blocking part of a checkpoint write (one step's worth)
         notes={
             "assumed": "detection_s, checkpoint_load_s, checkpoint_write_s, quorum_stall_s",
-            "source": "arXiv 2602.00277 (DESIGN.md headline figures)",
+            "source": "arXiv 2602.00277 (docs/design-facts.md, headline figures)",
         },
     ),
 }
