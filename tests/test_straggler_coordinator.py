@@ -16,6 +16,7 @@ from test_control_security import RecordingBackend  # the fake Slurm that record
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import CONTROL_KEY, ReplicaReport, read_secret, replica_key_id, sign
+from runtime.control.straggler import StragglerConfig
 
 JOBS = {0: "100", 1: "101", 2: "102"}
 #: Each replica's two nodes, as Slurm lists them (the coordinator takes nodes from Slurm).
@@ -29,6 +30,8 @@ def _config(run_dir: Path) -> CoordinatorConfig:
         job_ids=JOBS,
         poll_jobs=False,
         total_steps=100_000,
+        # Every replica starts training within this test's first second: no warm-up hold.
+        straggler=StragglerConfig(recovery_hold_s=0.0),
     )
 
 
@@ -43,7 +46,7 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
             for step in range(1, 81):
                 for r in range(3):
                     seq += 1
-                    compute = 0.4 if r == 1 else 0.2
+                    compute = 0.4 if r == 1 and step > 10 else 0.2
                     body = ReplicaReport(
                         replica=r,
                         incarnation=f"inc{r}",

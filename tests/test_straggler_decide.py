@@ -15,6 +15,7 @@ from runtime.control.straggler import (
     RunContext,
     StragglerVerdict,
     decide,
+    recovering_replicas,
     requeue_cost,
     run_slowdown,
 )
@@ -84,6 +85,14 @@ DECISION_TABLE: list[tuple[str, StragglerVerdict, RunContext, EvictionConfig, st
         EvictionConfig(min_replicas=2),
         "evict",
         "straggler: node4",
+    ),
+    (
+        "another replica is recovering",
+        SLOW,
+        replace(CTX, recovering=(0,)),
+        EvictionConfig(),
+        "report",
+        "holding off: replica 0 is recovering",
     ),
     (
         "another eviction in flight",
@@ -189,3 +198,31 @@ def test_requeue_cost_is_the_median_of_the_runs_own() -> None:
 def test_eviction_config_rejects_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         EvictionConfig(**kwargs)  # type: ignore[arg-type]
+
+
+# (replica, phase, phase_since, handled) of each replica at wall time 1000 s, hold 60 s.
+RECOVERING_TABLE: list[tuple[str, list[tuple[int, str, float, bool]], tuple[int, ...]]] = [
+    ("all training for long", [(0, "training", 0.0, False), (2, "training", 0.0, False)], ()),
+    ("another starts", [(0, "starting", 990.0, False), (2, "training", 0.0, False)], (0,)),
+    ("another heals", [(0, "healing", 990.0, False), (2, "training", 0.0, False)], (0,)),
+    ("another is requeued", [(0, "requeued", 990.0, True), (2, "pending", 995.0, False)], (0, 2)),
+    ("another relaunches", [(0, "restarting", 999.0, True)], (0,)),
+    ("a failure being handled", [(0, "training", 0.0, True)], (0,)),
+    ("training again for 30 s: warming up", [(0, "training", 970.0, False)], (0,)),
+    ("training again for 61 s", [(0, "training", 939.0, False)], ()),
+    ("the replica itself is not counted", [(1, "healing", 990.0, False)], ()),
+    (
+        "finished or left out is not recovering",
+        [(0, "done", 999.0, False), (2, "out", 999.0, True), (3, "ended", 999.0, False)],
+        (),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "rows", "expected"), RECOVERING_TABLE, ids=[row[0] for row in RECOVERING_TABLE]
+)
+def test_recovering_replicas_table(
+    name: str, rows: list[tuple[int, str, float, bool]], expected: tuple[int, ...]
+) -> None:
+    assert recovering_replicas(rows, 1, 1000.0, 60.0) == expected, name

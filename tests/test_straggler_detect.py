@@ -142,6 +142,27 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
         {},
     ),
     (
+        # Slow from its first step: it never ran at a pace it is slower than (no evidence).
+        "slow from the first step, no own pace",
+        {"replicas": 4, "steps": 300, "slow": slow_from(1, 0, 2.0)},
+        {},
+    ),
+    (
+        # Its peers got twice as fast; it did not get slower: not a straggler.
+        "peers speed up, its own pace unchanged",
+        {
+            "replicas": 4,
+            "steps": 300,
+            "slow": lambda r, s: 2.0 if r == 1 or s < 100 else 1.0,
+        },
+        {},
+    ),
+    (
+        "slow against its own pace but not against its peers",
+        {"replicas": 4, "steps": 300, "slow": lambda r, s: 2.0 if s >= 100 else 1.0},
+        {},
+    ),
+    (
         "missing timing data never triggers",
         {"replicas": 3, "steps": 300, "slow": lambda r, s: None if r == 1 else 1.0},
         {},
@@ -215,10 +236,15 @@ def _sample(replica: int, step: int, t: float, compute: float, **kw: object) -> 
     )
 
 
+#: Replica 1 trains at its peers' pace for this many steps before it slows down: its own pace.
+HEALTHY_STEPS = 10
+
+
 def _slow_stream(steps: range, factor: float = 2.0) -> list[TimingSample]:
     out = []
     for s in steps:
-        out += [_sample(0, s, s * 0.3, 0.1), _sample(1, s, s * 0.3 + 0.01, 0.1 * factor)]
+        f = factor if s >= HEALTHY_STEPS else 1.0
+        out += [_sample(0, s, s * 0.3, 0.1), _sample(1, s, s * 0.3 + 0.01, 0.1 * f)]
     return out
 
 
@@ -240,7 +266,7 @@ def test_hysteresis_holds_above_clear_factor_and_clears_below() -> None:
 def test_ratio_flapping_around_the_factor_does_not_trigger() -> None:
     samples = []
     for s in range(300):
-        f = 1.55 if s % 2 else 1.3
+        f = (1.55 if s % 2 else 1.3) if s >= HEALTHY_STEPS else 1.0
         samples += [_sample(0, s, s * 0.3, 0.1), _sample(1, s, s * 0.3 + 0.01, 0.1 * f)]
     state = observe_all(samples)
     assert stragglers(state) == []
@@ -248,15 +274,15 @@ def test_ratio_flapping_around_the_factor_does_not_trigger() -> None:
 
 
 def test_duplicate_and_late_reports_do_not_advance_the_window() -> None:
-    state = observe_all(_slow_stream(range(0, 10)))
-    dup = _sample(1, 9, 3.0, 0.2)
-    late = _sample(1, 4, 3.0, 0.2)
+    state = observe_all(_slow_stream(range(0, 20)))
+    dup = _sample(1, 19, 6.0, 0.2)
+    late = _sample(1, 14, 6.0, 0.2)
     for i in range(200):
-        state = observe(state, replace(dup, received_at=3.0 + i * 0.02))
-        state = observe(state, replace(late, received_at=3.01 + i * 0.02))
+        state = observe(state, replace(dup, received_at=6.0 + i * 0.02))
+        state = observe(state, replace(late, received_at=6.01 + i * 0.02))
     v = verdicts(state)[1]
     assert v.state == "suspect"
-    assert (v.since_step, v.steps) == (1, 8)
+    assert (v.since_step, v.steps) == (10, 9)
 
 
 def test_stale_peers_are_no_reference() -> None:
@@ -287,7 +313,7 @@ def test_verdict_names_the_slow_rank_and_node() -> None:
                 1,
                 s,
                 s * 0.3 + 0.01,
-                0.2,
+                0.2 if s >= HEALTHY_STEPS else 0.1,
                 nodes=("node3", "node4"),
                 rank_compute_s=(0.1, 0.1, 0.1, 0.2),
             )
@@ -295,8 +321,7 @@ def test_verdict_names_the_slow_rank_and_node() -> None:
     (v,) = stragglers(observe_all(samples))
     assert (v.replica, v.slow_rank, v.slow_node) == (1, 3, "node4")
     assert v.factor == pytest.approx(2.0)
-    # A replica's first report is never evidence (warm-up), so the episode starts at step 1.
-    assert (v.since_step, v.steps) == (1, 58)
+    assert (v.since_step, v.steps) == (HEALTHY_STEPS, 59 - HEALTHY_STEPS)
 
 
 @pytest.mark.parametrize(
@@ -328,3 +353,19 @@ def test_slowest_rank_node(
 def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         StragglerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_no_evidence_while_another_replica_recovers() -> None:
+    # The same 2x slowdown as in "sustained 2x", but every sample from step 100 to 180 arrives
+    # while another replica recovers (evidence=False): the window starts only after it.
+    config = StragglerConfig()
+    state = DetectorState()
+    first = None
+    for s in range(300):
+        for r in range(2):
+            compute = 0.2 if r == 1 and s >= 100 else 0.1
+            sample = _sample(r, s, s * 0.3 + 0.01 * r, compute)
+            state = observe(state, sample, config, evidence=not 100 <= s < 180)
+        if first is None and stragglers(state):
+            first = s
+    assert first == 229

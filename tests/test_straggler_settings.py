@@ -105,6 +105,7 @@ def test_slow_node_of_a_report_without_nodes(reported_nodes: list[str], expected
     state = RunState.new(PolicyConfig(replicas=3, min_replicas=2), {0: "100", 1: "101", 2: "102"})
     for k, r in state.replicas.items():
         r.phase = "training"
+        r.phase_since = -3600.0  # training for an hour: no replica is warming up
         r.nodes = [f"node{k + 1}"]
     service = StragglerService(
         2,
@@ -115,8 +116,8 @@ def test_slow_node_of_a_report_without_nodes(reported_nodes: list[str], expected
     events: list[Any] = []
     for step in range(1, 30):
         for k in range(3):
-            slow = k == 1
-            nodes = reported_nodes if slow else []
+            slow = k == 1 and step > 5  # its own pace is known from steps 1-5
+            nodes = reported_nodes if k == 1 else []
             report = _report(k, step, 0.4 if slow else 0.2, nodes)
             events += service.on_report(report, state, now=step + k / 10, at=float(step))
     assert [(e.replica, e.node) for e in events] == [(1, expected)]

@@ -84,9 +84,12 @@ def control(
 ) -> None:
     """Run the run's control plane: torchft's Lighthouse and the coordinator, until stopped.
 
-    Everything it creates in the run directory (journal, logs, control.json) is private to the
-    run's user (umask 077). A journal it cannot read stops it with exit code 2 and a line that
-    names the file; Slurm does not requeue a job for its exit code, so it does not loop.
+    It ends by itself (exit 0) once every replica's job has finished (completed, failed,
+    cancelled, left out or gone from Slurm) for FTHSDP_CONTROL_FINISH_GRACE_S seconds (30;
+    "never" keeps it up). Everything it creates in the run directory (journal, logs,
+    control.json) is private to the run's user (umask 077). A journal it cannot read stops it
+    with exit code 2 and a line that names the file; Slurm does not requeue a job for its exit
+    code, so it does not loop.
     """
     from runtime.control import coordinator as coord
     from runtime.control.policy import PolicyConfig
@@ -148,7 +151,26 @@ def control(
             heartbeat_timeout_ms=heartbeat_timeout_ms or settings.heartbeat_timeout_ms,
             join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
         )
-    asyncio.run(serve(config, lighthouse))
+    asyncio.run(serve(config, lighthouse, finish_grace_s=_finish_grace()))
+
+
+#: Seconds the run must stay finished before the control job exits (0: at once; "never": not).
+FINISH_GRACE_ENV = "FTHSDP_CONTROL_FINISH_GRACE_S"
+
+
+def _finish_grace() -> float | None:
+    from slurm.errors import InputError
+
+    raw = os.environ.get(FINISH_GRACE_ENV, "30").strip()
+    if raw == "never":
+        return None
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace < float("inf"):
+        raise InputError(FINISH_GRACE_ENV, raw, "seconds >= 0, or never")
+    return grace
 
 
 def _metrics_token(path: Path) -> str:

@@ -44,7 +44,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from runtime.control.policy import (
     OperatorRequeue,
     PolicyConfig,
     Release,
+    ReplicaState,
     ReportReceived,
     Requeue,
     RunState,
@@ -99,6 +100,7 @@ from runtime.control.report import (
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.run_dir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -175,6 +177,40 @@ _TRANSIENT = (
 
 def transient(exc: SlurmCommandError) -> bool:
     return exc.returncode == -1 or any(t in exc.stderr for t in _TRANSIENT)
+
+
+#: Policy phases of a replica that will not train again in this run.
+_FINISHED_PHASES = ("done", "out", "ended")
+
+
+def run_over(
+    replicas: Iterable[ReplicaState], job_states: Mapping[str, str | None], open_actions: int
+) -> str | None:
+    """Why the run is over, or None while it is not.
+
+    Over when no Slurm action is still open and every replica has finished: its phase says so
+    (completed, left out, ended), or Slurm's last answer lists its job in a terminal state, or no
+    longer lists it (`job_states[job]` is None: gone). A replica whose job Slurm was not asked
+    about yet is not finished.
+    """
+    if open_actions:
+        return None
+    how: dict[str, int] = {}
+    for r in replicas:
+        state = job_states.get(r.job_id, "") if r.job_id else ""
+        if r.phase in _FINISHED_PHASES:
+            what = {"done": "completed", "out": "left out"}.get(r.phase, (state or "ended").lower())
+        elif r.job_id and r.job_id in job_states and state is None:
+            what = "gone"
+        elif state and state.upper() in TERMINAL_STATES:
+            what = state.lower()
+        else:
+            return None
+        how[what] = how.get(what, 0) + 1
+    if not how:
+        return None
+    counts = ", ".join(f"{n} {what}" for what, n in sorted(how.items()))
+    return f"every replica has finished ({counts})"
 
 
 def compaction_interval(replicas: int) -> int:
@@ -285,6 +321,8 @@ class Coordinator:
         self._read_nonces: dict[str, float] = {}
         #: job id -> its nodes as Slurm last listed them (polls and report checks).
         self.allocations: dict[str, tuple[str, ...]] = {}
+        #: job id -> its state in Slurm's last answer; None once Slurm no longer lists it.
+        self.job_states: dict[str, str | None] = {}
         self._since_compact = 0
         self.compact_every = config.compact_every or compaction_interval(config.policy.replicas)
         # Stragglers and metrics (runtime.control.straggler / .metrics).
@@ -414,15 +452,25 @@ class Coordinator:
             return
         loop = asyncio.get_running_loop()
         infos = await loop.run_in_executor(None, self.backend.jobs, list(ids))
+        listed = {i.base_id for i in infos}
+        for job_id in ids:
+            if job_id not in listed:
+                self.job_states[job_id] = None  # purged by Slurm: it ended a while ago
         for info in infos:
             if info.het_offset != 0 or info.base_id not in ids:
                 continue
+            self.job_states[info.base_id] = info.state
             nodes = tuple(_expand(info.nodes))
             self.allocations[info.base_id] = nodes
             event = JobObserved(
                 ids[info.base_id], info.base_id, info.restarts, info.state, self.clock(), nodes
             )
             await self.submit(event, always=False)
+
+    def run_over(self) -> str | None:
+        """Why the run is over (see `run_over`), or None; the control job ends on it."""
+        open_actions = len(self.journal.actions(("decided", "started")))
+        return run_over(self.state.replicas.values(), self.job_states, open_actions)
 
     # -- Slurm actions ------------------------------------------------------------------------
 
@@ -764,7 +812,12 @@ async def start_coordinator(
     cap = raise_open_files(config.guard.max_connections)
     guard = ConnectionGuard(config.guard, coord.refusals, cap)
     site = GuardedSite(runner, config.host, config.port, guard)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        await coord.stop()
+        raise
     port = int(runner.addresses[0][1]) if runner.addresses else config.port
     host = config.host if ":" not in config.host else f"[{config.host}]"
     return RunningCoordinator(coord, runner, f"http://{host}:{port}")

@@ -6,6 +6,16 @@ as the `torchft_lighthouse` binary in a child process, restarted if it dies. The
 in this process's event loop. Both addresses go to `run_dir/control.json`, written atomically,
 which replicas read (and re-read after a control-plane restart).
 
+Startup waits are deadlines sized for a busy machine: the Lighthouse is a Python entry point
+that imports torch (3.4 s on an idle 2-core machine, far longer under load), so it gets
+`start_timeout_s` (120 s) to listen, and a Lighthouse that died on the way (a port taken
+meanwhile, say) is started once more on a fresh port. A coordinator port that is taken is
+replaced by a free one.
+
+The control job ends by itself: once every replica has finished (its job completed, failed,
+was cancelled, left out, or is gone from Slurm) for `finish_grace_s` in a row, `serve` returns
+and the job exits 0 instead of holding its node until its time limit.
+
 When the control job is requeued, the new incarnation finds the journal in the run directory,
 rebuilds its state from it and carries on. It listens on the ports the previous incarnation wrote
 to `control.json` when it is on the same address and they are free (`previous_ports`): torchft's
@@ -30,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from runtime.control.coordinator import (
@@ -51,6 +62,14 @@ class LighthouseConfig:
     heartbeat_timeout_ms: int = 2000
     join_timeout_ms: int = 10000
     quorum_tick_ms: int = 100
+    #: Seconds the Lighthouse may take to listen (it imports torch), all attempts together.
+    start_timeout_s: float = 120.0
+    #: Starts tried when the process dies before it listens.
+    start_attempts: int = 2
+
+
+class LighthouseDied(EnvironmentProblem):
+    """The Lighthouse process exited before it listened."""
 
 
 def lighthouse_binary() -> str:
@@ -141,6 +160,9 @@ class Lighthouse:
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
+    def _where(self) -> str:
+        return f"; see {self.log_path}" if self.log_path else ""
+
     @property
     def url(self) -> str:
         return url(self.config.host, self.port)
@@ -162,24 +184,65 @@ class Lighthouse:
             str(c.quorum_tick_ms),
         ]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        # Its own process group, so that stopping it also stops anything it started.
+        self.proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         if self.log_path:
             out.close()  # type: ignore[union-attr]
 
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Return once it accepts connections; `LighthouseDied` if it exits first,
+        `EnvironmentProblem` (after stopping it) if `timeout` seconds pass."""
+        start = time.monotonic()
+        told = start
+        delay = 0.05
+        while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise EnvironmentProblem(
-                    f"torchft_lighthouse exited ({self.proc.returncode}) on {self.url}"
+                raise LighthouseDied(
+                    f"torchft_lighthouse exited ({self.proc.returncode}) before it listened "
+                    f"on {self.url}{self._where()}"
                 )
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection((self.config.host, self.port), timeout=0.5),
+                socket.create_connection((self.config.host, self.port), timeout=1.0),
             ):
+                if self.proc is None or self.proc.poll() is None:
+                    return
+                continue  # something else answers there; it exited: LighthouseDied above
+            now = time.monotonic()
+            if now - start >= timeout:
+                self.stop()
+                raise EnvironmentProblem(
+                    f"torchft_lighthouse did not listen on {self.url} within {timeout:.0f}s"
+                    f"{self._where()}"
+                )
+            if now - told >= 10.0:
+                told = now
+                log.info(
+                    "waiting for torchft_lighthouse on %s (%.0fs so far)", self.url, now - start
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def start_and_wait(self) -> None:
+        """Start it and wait until it listens, within `start_timeout_s` for all attempts; one
+        that dies on the way is started again (on a fresh port if its port is taken)."""
+        c = self.config
+        deadline = time.monotonic() + c.start_timeout_s
+        for attempt in range(max(1, c.start_attempts)):
+            if attempt:
+                if not port_is_free(c.host, self.port):
+                    self.port = free_port(c.host)
+                log.warning("starting torchft_lighthouse again on %s", self.url)
+            self.start()
+            try:
+                self.wait_ready(max(0.0, deadline - time.monotonic()))
                 return
-            time.sleep(0.05)
-        raise EnvironmentProblem(f"torchft_lighthouse did not listen on {self.url}")
+            except LighthouseDied as exc:
+                log.error("%s", exc)
+                if attempt + 1 >= max(1, c.start_attempts) or time.monotonic() >= deadline:
+                    raise
 
     async def supervise(self) -> None:
         delay = 0.5
@@ -195,21 +258,48 @@ class Lighthouse:
                 delay = min(delay * 2, 30.0)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        """Stop its process group: SIGTERM, then SIGKILL after 5 s."""
+        proc = self.proc
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
             try:
-                self.proc.wait(5)
+                proc.wait(wait)
+                return
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
+
+
+async def watch_finish(
+    coordinator: Any, grace_s: float, stop: asyncio.Event, every_s: float = 1.0
+) -> None:
+    """Set `stop` once the run has been over (`Coordinator.run_over`) for `grace_s` in a row."""
+    since: float | None = None
+    while not stop.is_set():
+        why = coordinator.run_over()
+        now = time.monotonic()
+        if why is None:
+            since = None
+        elif since is None:
+            since = now
+            log.info("%s; the control job ends in %.0fs unless that changes", why, grace_s)
+        elif now - since >= grace_s:
+            log.info("%s: the control job ends", why)
+            stop.set()
+            return
+        await asyncio.sleep(every_s)
 
 
 async def serve(
     coordinator: CoordinatorConfig,
     lighthouse: LighthouseConfig | None,
     stop: asyncio.Event | None = None,
+    finish_grace_s: float | None = 30.0,
 ) -> None:
-    """Run the control plane until SIGTERM/SIGINT (or `stop` is set)."""
+    """Run the control plane until SIGTERM/SIGINT, `stop` is set, or the run has been over for
+    `finish_grace_s` (None: never ends by itself)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     make_private(coordinator.run_dir)
@@ -219,6 +309,7 @@ async def serve(
     house: Lighthouse | None = None
     running: RunningCoordinator | None = None
     watcher: asyncio.Task[None] | None = None
+    finisher: asyncio.Task[None] | None = None
     lighthouse_port, coordinator_port = previous_ports(
         read_previous(coordinator.run_dir), coordinator.host
     )
@@ -236,10 +327,18 @@ async def serve(
             logs = coordinator.run_dir / "logs"
             logs.mkdir(mode=0o700, parents=True, exist_ok=True)
             house = Lighthouse(lighthouse, logs / "lighthouse.log")
-            house.start()
-            await loop.run_in_executor(None, house.wait_ready)
+            await loop.run_in_executor(None, house.start_and_wait)
             watcher = loop.create_task(house.supervise())
-        running = await start_coordinator(coordinator)
+        if coordinator.port and not port_is_free(coordinator.host, coordinator.port):
+            log.warning("coordinator port %d is taken; using a free one", coordinator.port)
+            coordinator = replace(coordinator, port=0)
+        try:
+            running = await start_coordinator(coordinator)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"the coordinator cannot listen on {url(coordinator.host, coordinator.port)}: "
+                f"{exc.strerror or exc}"
+            ) from None
         info: dict[str, object] = {
             "coordinator": running.url,
             "lighthouse": house.url if house else None,
@@ -250,10 +349,13 @@ async def serve(
         }
         write_control_file(coordinator.run_dir, info)
         log.info("control plane up: %s", info)
+        if finish_grace_s is not None:
+            finisher = loop.create_task(watch_finish(running.coordinator, finish_grace_s, stop))
         await stop.wait()
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        for task in (watcher, finisher):
+            if task is not None:
+                task.cancel()
         if running is not None:
             await running.close()
         if house is not None:

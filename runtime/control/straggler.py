@@ -8,7 +8,11 @@ training), so evicting a straggler is often the right call. This module decides 
 
 Detection (`observe`) compares each replica's own compute time per step (forward, backward and
 the local reduce-scatter, without the cross-replica wait, so a replica waiting for the straggler
-does not look slow itself) with the median of the other replicas' latest compute times. A replica
+does not look slow itself) with the median of the other replicas' latest compute times, and with
+its own recent pace (the median of its last `own_window` normal samples). A sample is slow only
+when it is `factor` times slower than both: a replica that got no slower while its peers sped up
+(or whose peers share one busy CPU, as on the dev cluster) is not a straggler, and a replica
+without `min_own_samples` of its own pace is no evidence yet. A replica
 becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
 sustained window (`window_steps` steps or `window_s` seconds, whichever comes first) with at
 least `min_fraction_above` of the episode's samples at or above `factor`. Hysteresis in level
@@ -23,7 +27,10 @@ Several guards keep bad data from ever triggering:
 * healing (catch-up) steps are ignored, for the replica itself and as a peer, and so are the
   first `ignore_after_heal_steps` steps after healing or after a new incarnation (warm-up);
 * a duplicate or late (reordered) report, one whose step is not past the replica's latest, is
-  dropped.
+  dropped;
+* while another replica is recovering (starting, healing, or within `recovery_hold_s` of
+  training again), samples are no evidence and no eviction is decided: a replacement's start
+  and catch-up load the machine and the network, and every step waits for it anyway.
 
 The slow *node* is the node of the replica's slowest rank: ranks are laid out in blocks over the
 replica's nodes (Slurm's default block distribution), `tasks_per_node` ranks on each.
@@ -74,6 +81,12 @@ class StragglerConfig:
     max_gap_s: float = 120.0
     min_peers: int = 1
     ignore_after_heal_steps: int = 1
+    #: The replica's own recent pace: the median of its last this many normal samples ...
+    own_window: int = 20
+    #: ... once it has at least this many; before that its samples are no evidence.
+    min_own_samples: int = 3
+    #: A replica that trains again after a recovery holds detection and eviction this long.
+    recovery_hold_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0:
@@ -82,6 +95,10 @@ class StragglerConfig:
             raise ValueError(f"clear_factor must be in [1, factor], got {self.clear_factor}")
         if self.window_steps < 1 or self.window_s <= 0 or self.clear_samples < 1:
             raise ValueError("window_steps, window_s and clear_samples must be positive")
+        if self.own_window < 1 or not 1 <= self.min_own_samples <= self.own_window:
+            raise ValueError("own_window >= 1 and 1 <= min_own_samples <= own_window")
+        if not self.recovery_hold_s >= 0:
+            raise ValueError(f"recovery_hold_s must be >= 0, got {self.recovery_hold_s}")
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,9 @@ class ReplicaTrack:
     ignore_until_step: int = -1
     last_ratio: float | None = None
     peer_median_s: float | None = None
+    #: Compute times of the replica's latest normal samples (outside any episode).
+    own: tuple[float, ...] = ()
+    own_pace_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +248,13 @@ def _peer_median(
     return statistics.median(peers)
 
 
+def _own_pace(track: ReplicaTrack, config: StragglerConfig) -> float | None:
+    """The replica's own recent compute time per step; None until enough samples are known."""
+    if len(track.own) < config.min_own_samples:
+        return None
+    return statistics.median(track.own)
+
+
 def _sustained(ep: Episode, config: StragglerConfig) -> bool:
     if ep.fraction_above(config.factor) < config.min_fraction_above:
         return False
@@ -271,9 +298,16 @@ def _advance(
 
 
 def observe(
-    state: DetectorState, sample: TimingSample, config: StragglerConfig | None = None
+    state: DetectorState,
+    sample: TimingSample,
+    config: StragglerConfig | None = None,
+    evidence: bool = True,
 ) -> DetectorState:
-    """Fold one sample into the detector state (returns a new state; the old one is unchanged)."""
+    """Fold one sample into the detector state (returns a new state; the old one is unchanged).
+
+    With `evidence=False` (another replica is recovering) the sample only becomes the replica's
+    latest: it neither advances an episode nor enters the replica's own pace.
+    """
     config = config or StragglerConfig()
     tracks = dict(state.tracks)
     clock = state.clock
@@ -300,17 +334,22 @@ def observe(
             old, latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
         )
         return DetectorState(tracks, clock)
-    if not sample.usable or sample.step <= old.ignore_until_step:
+    if not evidence or not sample.usable or sample.step <= old.ignore_until_step:
         # No evidence either way; keep the episode (the gap rule ends it if data stays away).
         tracks[sample.replica] = replace(old, latest=sample)
         return DetectorState(tracks, clock)
-    median = _peer_median(tracks, sample.replica, sample.received_at, config)
-    if median is None or median <= 0:
-        tracks[sample.replica] = replace(old, latest=sample, last_ratio=None, peer_median_s=None)
-        return DetectorState(tracks, clock)
     assert sample.compute_s is not None
-    track = _advance(old, sample, sample.compute_s / median, config)
-    tracks[sample.replica] = replace(track, peer_median_s=median)
+    median = _peer_median(tracks, sample.replica, sample.received_at, config)
+    own = _own_pace(old, config)
+    if median is None or median <= 0 or own is None or own <= 0:
+        track = replace(old, latest=sample, last_ratio=None, peer_median_s=median, own_pace_s=own)
+    else:
+        # Slow against the others *and* against its own recent pace: the smaller ratio counts.
+        ratio = min(sample.compute_s / median, sample.compute_s / own)
+        track = replace(_advance(old, sample, ratio, config), peer_median_s=median, own_pace_s=own)
+    if track.episode is None:
+        track = replace(track, own=(*old.own, sample.compute_s)[-config.own_window :])
+    tracks[sample.replica] = track
     return DetectorState(tracks, clock)
 
 
@@ -393,6 +432,9 @@ class RunContext:
     remaining_steps: int | None = None
     #: The run's current step time (everyone waits for the straggler); median over replicas.
     run_step_time_s: float | None = None
+    #: Other replicas recovering now (starting, healing, or training again for less than
+    #: `recovery_hold_s`): their recovery loads the machines and every step waits for them.
+    recovering: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -454,6 +496,9 @@ def decide(
         return report("eviction disabled (mode=report)")
     if node is None:
         return report("slow node unknown (no per-rank times or layout)")
+    if ctx.recovering:
+        who = ", ".join(map(str, ctx.recovering))
+        return report(f"holding off: replica {who} is recovering")
     if ctx.eviction_in_flight:
         return report("another eviction or requeue is in flight")
     if ctx.evictions_so_far >= config.max_evictions:
@@ -529,14 +574,15 @@ class StragglerMonitor:
     def observe(self, report: Any, received_at: float) -> None:
         self.observe_sample(TimingSample.from_report(report, received_at))
 
-    def observe_sample(self, sample: TimingSample) -> None:
+    def observe_sample(self, sample: TimingSample, evidence: bool = True) -> None:
+        """Fold in one sample; `evidence=False` while another replica is recovering."""
         received_at = sample.received_at
         pending = self._requeued_at.get(sample.replica)
         if pending is not None and sample.incarnation != pending[0] and not sample.healing:
             if received_at >= pending[1]:
                 self.requeue_costs.append(received_at - pending[1])
             del self._requeued_at[sample.replica]
-        self.state = observe(self.state, sample, self.detect)
+        self.state = observe(self.state, sample, self.detect, evidence)
 
     def note_requeue(self, replica: int, at: float) -> None:
         """The replica's job was requeued (for any reason) at monotonic time `at`."""
@@ -546,7 +592,9 @@ class StragglerMonitor:
     def verdicts(self) -> list[StragglerVerdict]:
         return verdicts(self.state)
 
-    def context(self, participants: int, in_flight: bool) -> RunContext:
+    def context(
+        self, participants: int, in_flight: bool, recovering: tuple[int, ...] = ()
+    ) -> RunContext:
         latest = [t.latest for t in self.state.tracks.values()]
         steps = [s.step for s in latest]
         times = [s.step_time_s for s in latest if s.step_time_s is not None and not s.healing]
@@ -560,10 +608,15 @@ class StragglerMonitor:
             past_requeue_costs_s=tuple(self.requeue_costs),
             remaining_steps=remaining,
             run_step_time_s=statistics.median(times) if times else None,
+            recovering=recovering,
         )
 
     def decisions(
-        self, participants: int, now: float, in_flight: bool = False
+        self,
+        participants: int,
+        now: float,
+        in_flight: bool = False,
+        recovering: tuple[int, ...] = (),
     ) -> list[StragglerDecision]:
         """New decisions for the current stragglers; at most one eviction, counted as taken
         (and its requeue noted at monotonic time `now`)."""
@@ -573,7 +626,7 @@ class StragglerMonitor:
             key = (v.replica, track.latest.incarnation)
             if key in self.evicted:
                 continue
-            d = decide(v, self.context(participants, in_flight), self.evict)
+            d = decide(v, self.context(participants, in_flight, recovering), self.evict)
             summary = (track.latest.incarnation, d.action, d.why.split(":")[0])
             if self._announced.get(v.replica) == summary:
                 continue
@@ -592,6 +645,25 @@ class StragglerMonitor:
 _PRODUCTIVE = ("training",)
 _PARTICIPATING = ("training", "healing")
 _IN_FLIGHT = ("requeued", "pending", "starting", "restarting")
+#: Phases in which a replica is recovering (or not yet up): other replicas' samples are no
+#: evidence and no eviction is decided meanwhile.
+_RECOVERING = ("pending", "starting", "restarting", "requeued", "healing")
+
+
+def recovering_replicas(
+    phases: Iterable[tuple[int, str, float, bool]], replica: int, at: float, hold_s: float
+) -> tuple[int, ...]:
+    """The replicas other than `replica` that are recovering at wall time `at`, from
+    (replica, phase, phase_since, handled) rows: starting, healing, requeued, a failure being
+    handled, or training again for less than `hold_s`."""
+    out = []
+    for k, phase, since, handled in phases:
+        if k == replica or phase in ("done", "out", "ended"):
+            continue  # finished or left out: nothing to wait for
+        warming = phase == "training" and 0 <= at - since < hold_s
+        if phase in _RECOVERING or handled or warming:
+            out.append(k)
+    return tuple(sorted(out))
 
 
 class StragglerService:
@@ -630,12 +702,15 @@ class StragglerService:
             # A leader that does not know its nodes (ranks given RANK/MASTER_ADDR instead of
             # Slurm's step variables) still runs where squeue says the replica's job runs.
             sample = replace(sample, nodes=tuple(known.nodes))
-        self.monitor.observe_sample(sample)
         reps = state.replicas.values()
+        rows = ((r.replica, r.phase, r.phase_since, r.handled is not None) for r in reps)
+        hold = self.monitor.detect.recovery_hold_s
+        recovering = recovering_replicas(rows, report.replica, at, hold)
+        self.monitor.observe_sample(sample, evidence=not recovering)
         participants = sum(1 for r in reps if r.phase in _PARTICIPATING)
         in_flight = any(r.phase in _IN_FLIGHT or r.handled is not None for r in reps)
         events = []
-        for d in self.monitor.decisions(participants, now, in_flight):
+        for d in self.monitor.decisions(participants, now, in_flight, recovering):
             self.decisions[d.replica] = d
             if d.action == "evict":
                 detail = d.reason.split("straggler: ", 1)[-1]
