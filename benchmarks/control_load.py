@@ -254,6 +254,50 @@ async def window(leaders: Leaders, steady: int, seconds: float, burst: list[int]
     return {"results": results, "fatal": fatal_sent, "elapsed_s": elapsed}
 
 
+async def saturate(leaders: Leaders, steady: int, seconds: float, senders: int) -> float:
+    """Reports answered per second with `senders` leaders posting back to back (no pacing):
+    the coordinator's capacity, whose inverse is its time per report."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    answered = 0
+    stop = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=10)
+    ) as http:
+
+        async def sender(i: int) -> None:
+            nonlocal answered
+            k = i
+            while time.perf_counter() < stop:
+                status, _, _ = await leaders.post(http, leaders.status(k % steady))
+                answered += status == 200
+                k += senders
+
+        start = time.perf_counter()
+        await asyncio.gather(*(sender(i) for i in range(senders)))
+        return answered / (time.perf_counter() - start)
+
+
+def drain(leaders: Leaders, replica: int, limit_s: float = 90.0) -> float:
+    """Wait until the coordinator answers a report within 100 ms again (it works through
+    requests whose senders gave up before it takes new ones); returns the seconds it took."""
+
+    async def probe() -> float:
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            status, latency, _ = await leaders.post(http, leaders.status(replica))
+        return latency if status == 200 else float("inf")
+
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        if asyncio.run(probe()) < 0.1:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    return float("nan")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
@@ -308,11 +352,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1000, help="steady reporters")
-    parser.add_argument("--window", type=float, default=10.0, help="seconds of load per repeat")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds of load per window")
+    parser.add_argument("--low", type=int, default=200, help="reporters in the lighter window")
     parser.add_argument("--repeat", type=int, default=repeats_arg())
     args = parser.parse_args()
     steady, repeats = args.replicas, args.repeat
-    total = steady + BURST * repeats
+    total = steady + 2 * BURST * repeats
     if args.serve:
         asyncio.run(serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"])))
         return 0
@@ -344,98 +389,143 @@ def main() -> int:
             "control_load",
             "Control plane under load",
             f"One coordinator process (aiohttp, SQLite journal with WAL and synchronous=FULL, "
-            f"in-memory Slurm backend), {steady:,} replica leaders each sending a signed status "
-            f"report once a second for {args.window:g} s per repeat over fresh loopback "
-            f"connections, and mid-window a burst of {BURST} fatal node-fault reports at once "
-            f"from {BURST} other replicas ({total:,} replicas configured). The leaders share the "
-            "2 cores with the coordinator, so latencies include the load generator's own lag.",
+            f"in-memory Slurm backend). Each repeat runs two windows, interleaved: {steady:,} "
+            f"and {args.low:,} replica leaders each sending a signed status report once a second "
+            f"for {args.window:g} s over fresh loopback connections; mid-window a burst of "
+            f"{BURST} fatal node-fault reports at once from {BURST} other replicas "
+            f"({total:,} replicas configured). After each window, 16 leaders post back to back "
+            "for 5 s (the coordinator's capacity). The leaders share the 2 cores with the "
+            "coordinator, so latencies include the load generator's own lag.",
             repeats,
         )
-        per: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "p50",
-                "p99",
-                "max",
-                "rps",
-                "lost",
-                "refused",
-                "cpu",
-                "rss",
-                "journal_h",
-                "fatal_p50",
-                "fatal_max",
-                "drain_p50",
-                "fatal_latency_p50",
-            )
-        }
-        for i in range(repeats):
-            burst = list(range(steady + BURST * i, steady + BURST * (i + 1)))
+        loads = [steady, args.low]
+        per: dict[int, dict[str, list[float]]] = {n: {} for n in loads}
+        group = iter(range(steady, total, BURST))
+
+        def measure(load: int, i: int) -> None:
+            first = next(group)
+            burst = list(range(first, first + BURST))
             cpu0, bytes0, t0 = _proc_cpu_s(proc.pid), _journal_bytes(run_dir), time.perf_counter()
-            got = asyncio.run(window(leaders, steady, args.window, burst))
+            got = asyncio.run(window(leaders, load, args.window, burst))
             cpu1, bytes1, t1 = _proc_cpu_s(proc.pid), _journal_bytes(run_dir), time.perf_counter()
-            deadline = time.monotonic() + 30
+            backlog_s = drain(leaders, 0)
+            deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
-                requeued = action_times(run_dir, "requeue")
-                if all(job_of(b) in requeued for b in burst):
+                if all(job_of(b) in action_times(run_dir, "requeue") for b in burst):
                     break
                 time.sleep(0.1)
             requeued, drained = action_times(run_dir, "requeue"), action_times(run_dir, "drain")
-            lat = [lt for s, lt, _ in got["results"] if s == 200]
-            to_action = [
-                requeued[job_of(b)] - got["fatal"][b][1]
-                for b in burst
-                if job_of(b) in requeued and b in got["fatal"]
-            ]
-            to_drain = [
-                drained[node_of(b)] - got["fatal"][b][1]
-                for b in burst
-                if node_of(b) in drained and b in got["fatal"]
-            ]
-            fatal_ok = sum(1 for s, _ in got["fatal"].values() if s == 200)
-            per["p50"].append(percentile(lat, 50) * 1000)
-            per["p99"].append(percentile(lat, 99) * 1000)
-            per["max"].append(max(lat) * 1000)
-            per["rps"].append(len(lat) / got["elapsed_s"])
-            per["lost"].append(sum(1 for s, _, _ in got["results"] if s == -1))
-            per["refused"].append(sum(1 for s, _, _ in got["results"] if s not in (200, -1)))
-            per["cpu"].append((cpu1 - cpu0) / (t1 - t0))
-            per["rss"].append(_proc_rss_mib(proc.pid))
-            per["journal_h"].append((bytes1 - bytes0) / (t1 - t0) * 3600 / 2**20)
-            per["fatal_p50"].append(statistics.median(to_action) if to_action else float("nan"))
-            per["fatal_max"].append(max(to_action) if to_action else float("nan"))
-            per["drain_p50"].append(statistics.median(to_drain) if to_drain else float("nan"))
+            sent = {b: t for b, (_, t) in got["fatal"].items()}
+            to_action = [requeued[job_of(b)] - sent[b] for b in burst if job_of(b) in requeued]
+            to_drain = [drained[node_of(b)] - sent[b] for b in burst if node_of(b) in drained]
+            fatal_ok = sum(1 for st, _ in got["fatal"].values() if st == 200)
+            lat = [lt for st, lt, _ in got["results"] if st == 200] or [float("nan")]
+            nan = float("nan")
+            figures = {
+                "p50": percentile(lat, 50) * 1000,
+                "p99": percentile(lat, 99) * 1000,
+                "max": max(lat) * 1000,
+                "rps": sum(1 for st, _, _ in got["results"] if st == 200) / got["elapsed_s"],
+                "lost": sum(1 for st, _, _ in got["results"] if st == -1),
+                "refused": sum(1 for st, _, _ in got["results"] if st not in (200, -1)),
+                "cpu": (cpu1 - cpu0) / (t1 - t0),
+                "rss": _proc_rss_mib(proc.pid),
+                "journal_h": (bytes1 - bytes0) / (t1 - t0) * 3600 / 2**20,
+                "fatal_ok": fatal_ok,
+                "fatal_p50": statistics.median(to_action) if to_action else nan,
+                "fatal_max": max(to_action) if to_action else nan,
+                "drain_p50": statistics.median(to_drain) if to_drain else nan,
+                "backlog_s": backlog_s,
+                "capacity": asyncio.run(saturate(leaders, steady, 5.0, 16)),
+            }
+            for key, value in figures.items():
+                per[load].setdefault(key, []).append(float(value))
             print(
-                f"  repeat {i + 1}/{repeats}: {len(lat)} ok in {got['elapsed_s']:.1f} s, p50 "
-                f"{per['p50'][-1]:.1f} ms p99 {per['p99'][-1]:.1f} ms, lost {per['lost'][-1]:.0f}, "
-                f"refused {per['refused'][-1]:.0f}, cpu {per['cpu'][-1]:.2f}, fatal accepted "
-                f"{fatal_ok}/{BURST}, requeued {len(to_action)}/{BURST}, fatal->requeue p50 "
-                f"{per['fatal_p50'][-1]:.3f} s",
+                f"  repeat {i + 1}/{repeats} at {load}/s: p50 {figures['p50']:.1f} ms p99 "
+                f"{figures['p99']:.1f} ms, answered {figures['rps']:.0f}/s, lost "
+                f"{figures['lost']}, cpu {figures['cpu']:.2f}, fatal accepted {fatal_ok}/{BURST}, "
+                f"requeued {len(to_action)}, capacity {figures['capacity']:.0f}/s",
                 flush=True,
             )
-            if len(to_action) != BURST or fatal_ok != BURST:
-                run.notes.append(
-                    f"- Repeat {i + 1}: {fatal_ok} of {BURST} fatal reports accepted and "
-                    f"{len(to_action)} requeued within 30 s."
-                )
-        run.row("report latency p50", per["p50"], "ms", digits=3)
-        run.row("report latency p99", per["p99"], "ms", "< 100 ms", digits=3)
-        run.row("report latency max", per["max"], "ms", digits=3)
-        run.row("reports answered per second", per["rps"], "/s", "≥ 1,000", digits=0)
-        run.row("reports lost (no answer) per window", per["lost"], "", "0", digits=0)
-        run.row("reports refused per window", per["refused"], "", "0", digits=0)
-        run.row("coordinator CPU (cores)", per["cpu"], "", digits=2)
-        run.row("coordinator RSS", per["rss"], "MiB", digits=0)
-        run.row("journal growth (extrapolated)", per["journal_h"], "MiB/h", digits=0)
-        run.row(f"fatal report → requeue call, median of {BURST}", per["fatal_p50"], "s")
-        run.row(f"fatal report → requeue call, slowest of {BURST}", per["fatal_max"], "s")
-        run.row(f"fatal report → drain call, median of {BURST}", per["drain_p50"], "s")
-        p99 = statistics.median(per["p99"])
-        rps = statistics.median(per["rps"])
-        ok = p99 < 100 and rps >= 0.95 * steady and max(per["lost"]) == 0
+
+        for i in range(repeats):
+            for load in loads if i % 2 == 0 else loads[::-1]:
+                measure(load, i)
+        for load in loads:
+            f = per[load]
+            at = f"at {load:,} reports/s"
+            target = load == steady
+            run.row(f"report latency p50, {at}", f["p50"], "ms", digits=3)
+            run.row(
+                f"report latency p99, {at}",
+                f["p99"],
+                "ms",
+                "< 100 ms" if target else None,
+                digits=3,
+            )
+            run.row(
+                f"reports answered per second, {at}",
+                f["rps"],
+                "/s",
+                f"{load:,}" if target else None,
+                digits=0,
+            )
+            run.row(
+                f"reports lost (no answer within 10 s) per window, {at}",
+                f["lost"],
+                "",
+                "0" if target else None,
+                digits=0,
+            )
+            run.row(f"reports refused per window, {at}", f["refused"], "", digits=0)
+            run.row(f"coordinator CPU (cores), {at}", f["cpu"], "", digits=2)
+            run.row(
+                f"backlog after the window (until a report is answered in 100 ms), {at}",
+                f["backlog_s"],
+                "s",
+                digits=1,
+            )
+            run.row(f"journal growth (extrapolated), {at}", f["journal_h"], "MiB/h", digits=0)
+            run.row(f"fatal reports accepted of {BURST}, {at}", f["fatal_ok"], "", digits=0)
+            run.row(f"fatal report → requeue call, median of {BURST}, {at}", f["fatal_p50"], "s")
+            run.row(f"fatal report → requeue call, slowest of {BURST}, {at}", f["fatal_max"], "s")
+            run.row(f"fatal report → drain call, median of {BURST}, {at}", f["drain_p50"], "s")
+        capacity = per[steady]["capacity"] + per[args.low]["capacity"]
+        run.row(
+            "capacity: reports/s answered, 16 leaders posting back to back",
+            capacity,
+            "/s",
+            digits=0,
+        )
+        run.row(
+            "coordinator time per report (1 / capacity)",
+            [1000 / c for c in capacity if c > 0],
+            "ms",
+            digits=3,
+        )
+        run.row(
+            "coordinator RSS at the end of a window",
+            per[steady]["rss"] + per[args.low]["rss"],
+            "MiB",
+            digits=0,
+        )
+        per_ = per[steady]
+        p99 = statistics.median(per_["p99"])
+        rps = statistics.median(per_["rps"])
+        ok = p99 < 100 and rps >= 0.95 * steady and max(per_["lost"]) == 0
         run.notes.append(
             f"- Target p99 < 100 ms at {steady:,} reports/s with no report lost: "
             + ("met." if ok else f"missed (median p99 {p99:.0f} ms, {rps:,.0f} reports/s).")
+        )
+        run.notes.append(
+            "- Why one coordinator tops out: every accepted report is one SQLite transaction "
+            "with synchronous=FULL (one fsync, about 2 ms on this VM's disk in a bare sqlite "
+            "loop) on the coordinator's only event loop, so reports beyond its capacity queue "
+            "and then time out. Holding 1,000 reports/s needs the journal to commit in groups "
+            "(one fsync per batch collected over a few milliseconds, each report answered once "
+            "its batch is durable), or status reports that change no decision kept in memory "
+            "and journaled in batches; per-node watchdog reports need a fan-in per replica. "
+            "These are changes to `runtime/control` (journal, coordinator), not made here."
         )
         run.extra["journal_bytes_end"] = _journal_bytes(run_dir)
         run.extra["replicas_configured"] = total

@@ -83,8 +83,16 @@ class Run:
         target: str | None = None,
         digits: int = 3,
     ) -> dict[str, Any]:
-        """Add one figure (median and min-max over `values`) to the table."""
-        row = {"figure": figure, **summary(values), "unit": unit, "target": target}
+        """Add one figure (median and min-max over `values`) to the table; values that are not
+        numbers (a repeat that measured nothing) are left out and said so in a note."""
+        kept = [float(v) for v in values if v == v]
+        if len(kept) < len(values):
+            self.notes.append(
+                f"- {figure}: {len(values) - len(kept)} of {len(values)} repeats measured nothing."
+            )
+        if not kept:
+            return {}
+        row = {"figure": figure, **summary(kept), "unit": unit, "target": target}
         row["digits"] = digits
         self.rows.append(row)
         return row
