@@ -130,6 +130,18 @@ TABLE += [
     (["cluster", "inject", "node9", "--fault", "xid79", "--dir", "{tmp}"], 2, "--dir"),
     (["cluster", "heal", "node1", "--dir", "{tmp}"], 2, "--dir"),
     (["cluster", "up", "--nodes", "0", "--dir", "{tmp}"], 2, "nodes"),
+    (["control"], 2, "RUN_DIR"),
+    (["control", "/nonexistent-run-dir"], 2, "does not exist"),
+    (["control", "{tmp}", "--no-poll"], 2, "spec.json"),
+    (["control", "{tmp}", "--run-dir", "{tmp}"], 2, "not both"),
+    (["control", "{tmp}", "--heartbeat-timeout", "-1"], 2, "--heartbeat-timeout"),
+    (["control", "{tmp}", "--heartbeat-timeout", "2", "--heartbeat-timeout-ms", "9"], 2, "both"),
+    (["control", "{tmp}", "--straggler-window", "0"], 2, "--straggler-window"),
+    (["control", "{tmp}", "--replicas", "0"], 2, "--replicas"),
+    (["control", "{tmp}", "--lighthouse-port", "70000"], 2, "--lighthouse-port"),
+    (["replica", "{tmp}", "--replica", "-1", "--", "true"], 2, "replica"),
+    (["replica", "{tmp}", "--replica", "0"], 2, "COMMAND"),
+    (["replica", "--run-dir", "/nonexistent-run-dir", "--replica", "0", "--", "true"], 2, "exist"),
 ]
 
 

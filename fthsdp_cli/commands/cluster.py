@@ -30,12 +30,18 @@ def cluster() -> None:
 
 @cluster.command(short_help="Start a dev cluster; prints the SLURM_CONF export line.")
 @_dir_option
-@click.option("--nodes", default=4, show_default=True, type=int)
-@click.option("--gpus-per-node", default=8, show_default=True, type=int)
+@click.option("--nodes", default=4, show_default=True, type=int, help="Simulated nodes (1-64).")
+@click.option(
+    "--gpus-per-node",
+    default=8,
+    show_default=True,
+    type=int,
+    help="GPUs per node (placeholder GRES files; no GPU is needed).",
+)
 @click.option(
     "--switch-size", default=2, show_default=True, type=int, help="Nodes per leaf switch."
 )
-@click.option("--gpu-type", default="h100", show_default=True)
+@click.option("--gpu-type", default="h100", show_default=True, help="The GPUs' GRES type.")
 @click.option("--port", default=16817, show_default=True, type=int, help="slurmctld port.")
 @click.option(
     "--slurmd-port", default=17001, show_default=True, type=int, help="First slurmd port."

@@ -8,38 +8,115 @@ Both are thin: they parse options and call `runtime.control.service.serve` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import click
 
-_run_dir = click.option(
-    "--run-dir",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The run's directory (shared filesystem).",
-)
+_RUN_DIR = click.Path(file_okay=False, exists=True, path_type=Path)
+
+
+def _run_dir(f: Callable[..., None]) -> Callable[..., None]:
+    """RUN_DIR as the first argument, as in status, cancel, requeue and events.
+
+    `--run-dir DIR` is the older spelling, kept (hidden) for scripts rendered before. With it,
+    every positional word belongs to the command that follows (`replica ... -- srun ...`)."""
+
+    @functools.wraps(f)
+    def wrapper(
+        *args: Any, run_dir_arg: str | None, run_dir_opt: Path | None, **kwargs: Any
+    ) -> None:
+        from slurm.errors import InputError
+
+        if run_dir_opt is not None:
+            if run_dir_arg is not None and "command" in kwargs:
+                kwargs["command"] = (run_dir_arg, *kwargs["command"])
+            elif run_dir_arg is not None:
+                raise InputError("RUN_DIR", run_dir_arg, "RUN_DIR or --run-dir, not both")
+            return f(*args, run_dir=run_dir_opt, **kwargs)
+        if run_dir_arg is None:
+            raise InputError("RUN_DIR", None, "the run's directory (missing)")
+        ctx = click.get_current_context()
+        run_dir = _RUN_DIR.convert(run_dir_arg, None, ctx)
+        return f(*args, run_dir=run_dir, **kwargs)
+
+    wrapper = click.option("--run-dir", "run_dir_opt", type=_RUN_DIR, default=None, hidden=True)(
+        wrapper
+    )
+    return click.argument("run_dir_arg", metavar="RUN_DIR", required=False)(wrapper)
 
 
 @click.command()
 @_run_dir
-@click.option("--lighthouse-port", default=0, show_default=True, help="0 = a free port.")
-@click.option("--coordinator-port", default=0, show_default=True, help="0 = a free port.")
+@click.option(
+    "--lighthouse-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="0 = a free port.",
+)
+@click.option(
+    "--coordinator-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="0 = a free port.",
+)
 @click.option(
     "--bind",
     default=None,
     help="Address to listen on (default: this node's own address, never all interfaces).",
 )
-@click.option("--replicas", type=int, default=None, help="Replica count (default: run.json).")
-@click.option("--min-replicas", type=int, default=None, help="Default: run.json, else 1.")
-@click.option("--heartbeat-timeout-ms", type=int, default=None, help="Default: the spec's.")
-@click.option("--join-timeout-ms", type=int, default=None, help="Default: the spec's.")
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replica count (default: the run's spec).",
+)
+@click.option(
+    "--min-replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas a quorum needs (default: the run's spec, else 1).",
+)
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds without a heartbeat before the Lighthouse drops a replica. Default: the "
+    "spec's train.heartbeat_timeout_s.",
+)
+@click.option("--heartbeat-timeout-ms", type=click.IntRange(min=1), default=None, hidden=True)
+@click.option(
+    "--join-timeout",
+    "join_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds a quorum waits for joining replicas. Default: the spec's train.join_timeout_s.",
+)
+@click.option("--join-timeout-ms", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--straggler-factor", type=float, default=None, help="Default: the spec's (1.5).")
-@click.option("--straggler-window-steps", type=int, default=None, help="Default: the spec's (50).")
+@click.option(
+    "--straggler-window",
+    "straggler_window_steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Steps a replica must stay slow to be a straggler. Default: the spec's (50).",
+)
+@click.option(
+    "--straggler-window-steps",
+    "straggler_window_steps_old",
+    type=click.IntRange(min=1),
+    default=None,
+    hidden=True,
+)
 @click.option("--straggler-window-s", type=float, default=None, help="Default: the spec's (300).")
 @click.option(
     "--straggler-requeue-cost-s",
@@ -71,10 +148,13 @@ def control(
     bind: str | None,
     replicas: int | None,
     min_replicas: int | None,
+    heartbeat_timeout_s: float | None,
     heartbeat_timeout_ms: int | None,
+    join_timeout_s: float | None,
     join_timeout_ms: int | None,
     straggler_factor: float | None,
     straggler_window_steps: int | None,
+    straggler_window_steps_old: int | None,
     straggler_window_s: float | None,
     straggler_requeue_cost_s: float | None,
     straggler_mode: str | None,
@@ -98,6 +178,9 @@ def control(
     from slurm.errors import InputError
     from slurm.run_dir import check_control_inputs
 
+    heartbeat_timeout_ms = _ms("--heartbeat-timeout", heartbeat_timeout_s, heartbeat_timeout_ms)
+    join_timeout_ms = _ms("--join-timeout", join_timeout_s, join_timeout_ms)
+    straggler_window_steps = straggler_window_steps or straggler_window_steps_old
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = run_dir.resolve()
@@ -154,6 +237,15 @@ def control(
     asyncio.run(serve(config, lighthouse, finish_grace_s=_finish_grace()))
 
 
+def _ms(option: str, seconds: float | None, old_ms: int | None) -> int | None:
+    """Milliseconds for the Lighthouse from an option in seconds or its older `-ms` spelling."""
+    from slurm.errors import InputError
+
+    if seconds is not None and old_ms is not None:
+        raise InputError(option, seconds, f"{option} or {option}-ms, not both")
+    return old_ms if seconds is None else max(1, round(seconds * 1000))
+
+
 #: Seconds the run must stay finished before the control job exits (0: at once; "never": not).
 FINISH_GRACE_ENV = "FTHSDP_CONTROL_FINISH_GRACE_S"
 
@@ -197,7 +289,7 @@ def _metrics_token(path: Path) -> str:
     show_default=True,
     help="Seconds to wait for Slurm to stop this job once it is requeued.",
 )
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def replica(
     run_dir: Path,
     replica: int,
@@ -216,6 +308,8 @@ def replica(
 
     if replica < 0:
         raise InputError("--replica", replica, "a replica index >= 0")
+    if not command:
+        raise InputError("COMMAND", "", "the replica's step to run, e.g. -- srun ...")
     read_control(run_dir)  # a corrupt control file stops here, not in a requeue loop
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = SupervisorConfig.from_env(run_dir.resolve(), replica, list(command))

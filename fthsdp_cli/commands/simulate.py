@@ -144,7 +144,7 @@ def _option_names(ctx: click.Context) -> dict[str, str]:
 @click.command()
 @click.option("--preset", default="paper-100k", show_default=True, help="Starting parameters.")
 @click.option("--gpus", type=int, default=None, help="GPUs in the job.")
-@click.option("--gpus-per-node", type=int, default=None)
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node.")
 @click.option(
     "--replicas", type=int, default=None, help="FT-HSDP replicas (must divide the nodes)."
 )
@@ -173,7 +173,7 @@ def _option_names(ctx: click.Context) -> dict[str, str]:
 @click.option("--checkpoint-write-s", type=float, default=None, help="Blocking write time.")
 @click.option("--days", type=float, default=None, help="Simulated wall-clock days per run.")
 @click.option("--runs", type=int, default=None, help="Monte Carlo runs.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None, help="Seed of the Monte Carlo runs.")
 @click.option(
     "--sweep-replicas", default=None, help="Comma-separated replica counts, e.g. 1,2,4,12."
 )

@@ -261,7 +261,12 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     default=None,
     help="Drain this node first (only a node of the replica's own job).",
 )
-@click.option("--reason", default="requeued by operator", show_default=True)
+@click.option(
+    "--reason",
+    default="requeued by operator",
+    show_default=True,
+    help="Why, for the journal (and the drain reason with --drain).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def requeue(
     run_dir: Path, replica: int, drain_node: str | None, reason: str, as_json: bool
