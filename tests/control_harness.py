@@ -10,6 +10,7 @@ through the CLI (`fthsdp`, `wait_until`, `cancel`, `clean_up`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -90,6 +91,20 @@ def install_fake_slurm(root: Path, jobs: dict[str, str]) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
     )
     return env
+
+
+def set_jobs(root: Path, states: dict[str, str | None]) -> None:
+    """Change the fake Slurm's jobs under its lock: a new state, or None to purge the job."""
+    path = root / "slurm.json"
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text())
+        for job, state in states.items():
+            if state is None:
+                data["jobs"].pop(job, None)
+            else:
+                data["jobs"][job]["state"] = state
+        path.write_text(json.dumps(data))
 
 
 def calls(root: Path, prefix: str) -> list[str]:

@@ -1,38 +1,71 @@
 """The replica supervisor: a process fault relaunches the step in place, a node fault exits for
-the coordinator's requeue, and with no coordinator the job requeues itself."""
+the coordinator's requeue, and with no coordinator the job requeues itself. It launches only
+once the control plane is up: it waits for a late one, stops (exit 3, nothing counted, nothing
+requeued) when the control job ended first, and launches a step that could not reach the quorum
+service again without counting a failure."""
 
 from __future__ import annotations
 
+import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from control_harness import ControlProcess, action_status, calls, live_run  # noqa: F401
+from control_harness import ControlProcess, action_status, calls, live_run, set_jobs  # noqa: F401
 
 # Fails the first launch with the given code, succeeds on the next one.
 STEP = 'echo "$FTHSDP_LAUNCH $FTHSDP_INCARNATION" >> "$1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit "$2"'
 
 
-def supervise(env: dict[str, str], run_dir: Path, code: int) -> subprocess.CompletedProcess[str]:
-    env = dict(env, SLURM_JOB_ID="101", SLURM_RESTART_COUNT="0", SLURM_JOB_NODELIST="node2")
+def _argv(env: dict[str, str], run_dir: Path, code: int, step: str = STEP) -> list[str]:
+    env.update(SLURM_JOB_ID="101", SLURM_RESTART_COUNT="0", SLURM_JOB_NODELIST="node2")
     argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
     argv += ["--replica", "1", "--decision-wait", "3", "--requeue-wait", "0.5", "--"]
-    argv += ["bash", "-c", STEP, "step", str(run_dir / "launches"), str(code)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    return [*argv, "bash", "-c", step, "step", str(run_dir / "launches"), str(code)]
+
+
+def supervise(env: dict[str, str], run_dir: Path, code: int) -> subprocess.CompletedProcess[str]:
+    env = dict(env)
+    argv = _argv(env, run_dir, code)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+
+
+def launches(run_dir: Path) -> list[str]:
+    path = run_dir / "launches"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def fatal_reports(run_dir: Path) -> int:
+    db = sqlite3.connect(run_dir / "control.sqlite")
+    try:
+        rows = db.execute("SELECT payload FROM events WHERE type = 'ReportReceived'").fetchall()
+    finally:
+        db.close()
+    return sum(1 for (payload,) in rows if json.loads(payload)["report"]["kind"] == "fatal")
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("code", "fatal"),
+    [(10, 1), (3, 0)],
+    ids=["process-fault", "quorum-service-unreachable-uncounted"],
+)
 def test_process_fault_relaunches_in_place(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+    code: int,
+    fatal: int,
 ) -> None:
+    # Exit 3 is the worker's "quorum service unreachable": launched again, no failure reported.
     run_dir, root, env, proc = live_run
     proc.start()
-    r = supervise(env, run_dir, 10)
+    r = supervise(env, run_dir, code)
     assert r.returncode == 0, r.stderr
-    assert (run_dir / "launches").read_text().splitlines() == ["0 101.0.0", "1 101.0.1"]
+    assert launches(run_dir) == ["0 101.0.0", "1 101.0.1"]
+    assert fatal_reports(run_dir) == fatal
     assert calls(root, "scontrol requeue") == []
 
 
@@ -52,11 +85,81 @@ def test_node_fault_exits_for_the_coordinators_requeue(
 def test_unreachable_coordinator_falls_back_to_self_requeue(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
 ) -> None:
-    run_dir, root, env, _ = live_run  # the control plane is never started
-    r = supervise(env, run_dir, 10)
-    assert r.returncode == 75, r.stderr
+    run_dir, root, env, proc = live_run
+    proc.start()
+    env = dict(env)
+    # The step fails once the control plane is gone: killed -9 while the step runs.
+    step = 'echo "$FTHSDP_LAUNCH" >> "$1"; sleep 2; exit "$2"'
+    sup = subprocess.Popen(_argv(env, run_dir, 10, step), env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not launches(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.kill9()
+        _, err = sup.communicate(timeout=60)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 75, err
     assert calls(root, "scontrol requeue") == ["scontrol requeue 101"]
     assert calls(root, "scontrol update JobId=101 StartTime=now")
+
+
+@pytest.mark.timeout(120)
+def test_a_late_control_plane_is_waited_for(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> None:
+    run_dir, root, env, proc = live_run
+    env = dict(env, FTHSDP_CONTROL_WAIT_S="90")
+    sup = subprocess.Popen(_argv(env, run_dir, 0), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # longer than a Lighthouse's idle start, and than one Slurm check
+        assert sup.poll() is None
+        assert launches(run_dir) == []
+        proc.start()
+        _, err = sup.communicate(timeout=60)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, err
+    assert launches(run_dir) == ["0 101.0.0"]
+    assert "waits for the control plane" in err
+    assert calls(root, "scontrol requeue") == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("control_state", ["FAILED", None], ids=["failed", "gone"])
+def test_control_job_that_ended_stops_the_replica_without_a_restart(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+    control_state: str | None,
+) -> None:
+    run_dir, root, env, _ = live_run  # the control job failed before it wrote control.json
+    set_jobs(root, {"99": control_state})
+    t0 = time.monotonic()
+    r = supervise(env, run_dir, 0)
+    assert r.returncode == 3, r.stderr
+    assert time.monotonic() - t0 < 60  # not the whole control-plane wait
+    assert launches(run_dir) == []
+    assert calls(root, "scontrol requeue") == []
+    ended = "failed" if control_state else "gone"
+    lines = [line for line in r.stderr.splitlines() if "control job 99 ended" in line]
+    assert len(lines) == 1, r.stderr
+    assert f"({ended})" in lines[0] and str(run_dir / "logs" / "control-99.err") in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_control_plane_wait_runs_out_without_a_restart(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> None:
+    run_dir, root, env, _ = live_run  # the control job runs but never writes control.json
+    r = supervise(dict(env, FTHSDP_CONTROL_WAIT_S="3"), run_dir, 0)
+    assert r.returncode == 3, r.stderr
+    assert "did not come up within 3s" in r.stderr
+    assert launches(run_dir) == []
+    assert calls(root, "scontrol requeue") == []
 
 
 @pytest.mark.timeout(60)

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import socket
 import subprocess
 import time
@@ -22,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from control_harness import ControlProcess
+from control_harness import ControlProcess, set_jobs
 from control_harness import live_run as live_run  # the fixture
 
 from runtime.control.coordinator import run_over
@@ -100,20 +98,6 @@ def test_run_over_table(
         assert got == f"every replica has finished ({expected})", name
 
 
-def _set_jobs(root: Path, states: dict[str, str | None]) -> None:
-    """Change the fake Slurm's jobs: a state, or None to purge the job."""
-    path = root / "slurm.json"
-    with open(str(path) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = json.loads(path.read_text())
-        for job, state in states.items():
-            if state is None:
-                data["jobs"].pop(job, None)
-            else:
-                data["jobs"][job]["state"] = state
-        path.write_text(json.dumps(data))
-
-
 @contextlib.contextmanager
 def _control(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess], grace_s: float
@@ -146,7 +130,7 @@ def test_control_job_ends_by_itself(
     with _control(live_run, 3) as proc:
         time.sleep(8)  # two polls of running replicas: it stays up
         assert proc.poll() is None
-        _set_jobs(root, end)
+        set_jobs(root, end)
         t0 = time.monotonic()
         code = proc.wait(60)
         waited = time.monotonic() - t0
@@ -164,7 +148,7 @@ def test_control_job_stays_while_one_replica_runs(
 ) -> None:
     run_dir, root, _, _ = live_run
     with _control(live_run, 1) as proc:
-        _set_jobs(root, {"100": "COMPLETED"})
+        set_jobs(root, {"100": "COMPLETED"})
         time.sleep(10)
         assert proc.poll() is None, (run_dir / "control.log").read_text()[-2000:]
 

@@ -10,11 +10,21 @@ keyed by job, restart count and launch number), then asks the coordinator for a 
 - `exit`: leave for good (tier 3, a user error, or a superseded run);
 - `continue`: no decision yet; ask again shortly.
 
-If the coordinator cannot be reached, the supervisor falls back to exit-for-requeue and requeues
-its own job through `slurm.backend` (a coordinator that comes back sees the restart count rise
-without its own action and does not requeue it again). The step gets `FTHSDP_REPLICA`,
-`FTHSDP_RUN_DIR`, `FTHSDP_LAUNCH` and `FTHSDP_INCARNATION` so the worker's reports can name the
-same launch.
+Before each launch the supervisor waits for the control plane (`control.json` written by this
+run's control job, its coordinator and Lighthouse accepting connections), with backoff, for up to
+`control_wait_s` (300 s, env `FTHSDP_CONTROL_WAIT_S`): the Lighthouse imports torch and takes
+far longer than its idle 3.4 s on a busy machine. While waiting it asks Slurm about the control
+job now and then; if that job ended, or the wait runs out, the supervisor stops with one line and
+exit code 3 (`EXIT_NO_CONTROL_PLANE`), having counted no failure and requeued nothing: a replica
+that never trained because the control plane was not up has not failed. A step that exits 3
+itself (the worker gave up on the quorum service) is treated the same way: wait, then launch
+again, uncounted (at most `max_unreached` times in a row).
+
+If the coordinator cannot be reached after a failure, the supervisor falls back to
+exit-for-requeue and requeues its own job through `slurm.backend` (a coordinator that comes back
+sees the restart count rise without its own action and does not requeue it again). The step
+gets `FTHSDP_REPLICA`, `FTHSDP_RUN_DIR`, `FTHSDP_LAUNCH` and `FTHSDP_INCARNATION` so the
+worker's reports can name the same launch.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,12 +48,16 @@ from typing import Any
 import hostlist
 
 from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
+from slurm.errors import EnvironmentProblem, InputError
 
 log = logging.getLogger("fthsdp.supervisor")
 
 #: The supervisor's own exit code when it leaves so that the job is requeued.
 EXIT_FOR_REQUEUE = 75
+#: ... when the control plane never came up (nothing counted, nothing requeued).
+EXIT_NO_CONTROL_PLANE = int(ExitCode.NO_QUORUM_SERVICE)
+CONTROL_WAIT_ENV = "FTHSDP_CONTROL_WAIT_S"
 
 
 @dataclass
@@ -58,11 +74,24 @@ class SupervisorConfig:
     requeue_wait_s: float = 180.0
     http_timeout_s: float = 5.0
     max_launches: int = 1000
+    #: How long to wait for the control plane before a launch.
+    control_wait_s: float = 300.0
+    #: How often to ask Slurm whether the control job still runs while waiting for it.
+    control_check_s: float = 15.0
+    #: Uncounted relaunches in a row of a step that could not reach the quorum service.
+    max_unreached: int = 3
 
     @classmethod
     def from_env(cls, run_dir: Path, replica: int, command: list[str]) -> SupervisorConfig:
         env = os.environ
         nodelist = env.get("SLURM_JOB_NODELIST_HET_GROUP_0") or env.get("SLURM_JOB_NODELIST", "")
+        wait = env.get(CONTROL_WAIT_ENV, "300")
+        try:
+            control_wait_s = float(wait)
+        except ValueError:
+            control_wait_s = -1.0
+        if not 0 <= control_wait_s < float("inf"):
+            raise InputError(CONTROL_WAIT_ENV, wait, "seconds >= 0")
         return cls(
             run_dir=run_dir,
             replica=replica,
@@ -70,7 +99,50 @@ class SupervisorConfig:
             job_id=env.get("SLURM_JOB_ID"),
             restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
             nodes=hostlist.expand_hostlist(nodelist) if nodelist else [],
+            control_wait_s=control_wait_s,
         )
+
+
+def _answers(address: object) -> bool:
+    """True if `address` (an http URL) accepts a TCP connection now."""
+    if not isinstance(address, str):
+        return False
+    try:
+        found = urllib.parse.urlparse(address)
+        host, port = found.hostname, found.port
+    except ValueError:
+        return False
+    if not host or not port:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str | None:
+    """Why the run's control plane is not usable yet, or None once it is: `control.json`
+    written by the control job `control_job` (when known), its coordinator (and Lighthouse,
+    when it has one) accepting connections."""
+    path = run_dir / "control.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return f"no {path} yet"
+    except (OSError, ValueError) as exc:
+        return f"{path} not readable yet ({exc})"
+    if not isinstance(data, dict):
+        return f"{path} is not an object"
+    written_by = data.get("job_id")
+    if control_job and written_by and written_by != control_job:
+        return f"{path} is from control job {written_by}, not this run's {control_job}"
+    if not _answers(data.get("coordinator")):
+        return f"coordinator {data.get('coordinator')} not answering"
+    lighthouse = data.get("lighthouse")
+    if lighthouse is not None and not _answers(lighthouse):
+        return f"Lighthouse {lighthouse} not answering"
+    return None
 
 
 def coordinator_url(run_dir: Path) -> str | None:
@@ -121,6 +193,15 @@ class Supervisor:
         self.launch = 0
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.unreached = 0
+        self._control_job: str | None = None
+        try:
+            from slurm.run_dir import read_run
+
+            record = read_run(config.run_dir)
+            self._control_job = record.control.job_id if record.control else None
+        except InputError:
+            pass  # not a submitted run (no jobs.json): nothing to ask Slurm about
 
     def incarnation(self) -> str:
         c = self.config
@@ -199,16 +280,94 @@ class Supervisor:
                 return "requeue-self", 0.0
             self.sleep(1.0)
 
+    def control_job_ended(self) -> str | None:
+        """How the run's control job ended ("FAILED", "gone", ...), or None while it is queued,
+        running, or Slurm cannot tell."""
+        job = self._control_job
+        if not job:
+            return None
+        try:
+            infos = [i for i in self.backend.jobs([job]) if i.base_id == job]
+        except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
+            log.warning("cannot ask Slurm about control job %s: %s", job, exc)
+            return None
+        if not infos:
+            return "gone"
+        from slurm.run_dir import TERMINAL_STATES
+
+        state = infos[0].state.upper()
+        return state if state in TERMINAL_STATES else None
+
+    def wait_for_control(self) -> bool:
+        """Wait, with backoff, until the control plane is up; False (after one line on stderr)
+        when the control job ended first or `control_wait_s` passed."""
+        c = self.config
+        start = time.monotonic()
+        next_check = start + min(c.control_check_s, 5.0)
+        told = False
+        delay = 0.2
+        while True:
+            why = control_plane_problem(c.run_dir, self._control_job)
+            if why is None:
+                if told:
+                    log.info("control plane up after %.0fs", time.monotonic() - start)
+                return True
+            now = time.monotonic()
+            if not told and now - start >= 5.0:
+                log.info("replica %d waits for the control plane: %s", c.replica, why)
+                told = True
+            if now >= next_check:
+                next_check = now + c.control_check_s
+                ended = self.control_job_ended()
+                if ended is not None:
+                    job = self._control_job
+                    log.error(
+                        "control job %s ended (%s) before the control plane came up; "
+                        "see %s; replica %d did not train and counts no failure",
+                        job,
+                        ended.lower(),
+                        c.run_dir / "logs" / f"control-{job}.err",
+                        c.replica,
+                    )
+                    return False
+            if now - start >= c.control_wait_s:
+                log.error(
+                    "the control plane did not come up within %.0fs (%s); replica %d did not "
+                    "train and counts no failure",
+                    c.control_wait_s,
+                    why,
+                    c.replica,
+                )
+                return False
+            self.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     def run(self) -> int:
         """Run the step until it succeeds or a directive says to stop; returns the exit code."""
         previous = signal.signal(signal.SIGTERM, self._forward)
         try:
             while self.launch < self.config.max_launches:
+                if not self.wait_for_control():
+                    return EXIT_NO_CONTROL_PLANE
                 code = self.run_step()
                 if code == 0:
                     return 0
                 if self.stopping:
                     return EXIT_FOR_REQUEUE
+                if (
+                    code == ExitCode.NO_QUORUM_SERVICE
+                    and self.unreached < self.config.max_unreached
+                ):
+                    # The worker gave up on the quorum service: not a failure of this replica.
+                    self.unreached += 1
+                    log.warning(
+                        "replica %d step could not reach the quorum service; waiting for the "
+                        "control plane, then launching again (not counted)",
+                        self.config.replica,
+                    )
+                    self.launch += 1
+                    continue
+                self.unreached = 0
                 directive, delay = self.decide(code)
                 log.warning(
                     "replica %d step exited %d; directive %s", self.config.replica, code, directive
