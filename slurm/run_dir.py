@@ -10,8 +10,11 @@
 
 Commands that act on a run (`status`, `cancel`, `requeue`) start from `jobs.json`, never from
 job-name guesses, so two runs with the same name on one cluster do not interfere. A directory
-whose recorded jobs are still in the queue holds a *live* run; `submit` refuses to write over
-it unless forced.
+whose recorded jobs are still in the queue holds a *live* run: `submit` refuses it, forced or
+not, naming the jobs and `fthsdp cancel RUN_DIR`, so no job is left running outside jobs.json.
+A directory with a finished run's state (`RUN_STATE`: jobs.json, the journal, progress, ledger,
+the `finished` marker, logs, ...) is refused unless `--force`, which first moves that state to
+`archive/<UTC time>/` (a new run that found the old `finished` marker would end at once).
 
 Every file is read here, by pure loaders that check its whole shape before anything acts on it:
 a missing, empty, truncated or hand-edited file is an `InputError` naming the file and what is
@@ -22,6 +25,7 @@ the run's state or key are 0600.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -410,19 +414,92 @@ def live_jobs(record: RunRecord, backend: SlurmBackend) -> list[JobInfo]:
     return [j for j in backend.jobs(ids) if is_live(j)]
 
 
-def check_not_live(run_dir: Path, backend: SlurmBackend, force: bool = False) -> None:
-    """Refuse a `run_dir` whose recorded jobs are still queued or running (unless forced)."""
-    if force or not (Path(run_dir) / JOBS_FILE).exists():
-        return
-    live = live_jobs(read_run(run_dir), backend)
-    if live:
-        ids = ",".join(sorted({j.base_id for j in live}))
+#: What a run leaves in its directory besides its scripts, spec.json and secret (which a new
+#: submit replaces): moved to `archive/<time>/` by `submit --force`.
+RUN_STATE = (
+    JOBS_FILE,
+    CONTROL_FILE,
+    "control.sqlite",
+    "control.sqlite-wal",
+    "control.sqlite-shm",
+    "control.log",
+    "finished",
+    "progress",
+    "ledger",
+    "final",
+    "checkpoints",
+    "rendezvous",
+    LOG_DIR,
+)
+ARCHIVE_DIR = "archive"
+
+
+def previous_state(run_dir: Path) -> list[str]:
+    """The entries of `RUN_STATE` that `run_dir` holds (an empty logs/ does not count)."""
+    found = []
+    for name in RUN_STATE:
+        path = Path(run_dir) / name
+        if name == LOG_DIR and path.is_dir() and not any(path.iterdir()):
+            continue
+        if path.exists() or path.is_symlink():
+            found.append(name)
+    return found
+
+
+def check_resubmit(run_dir: Path, backend: SlurmBackend, force: bool = False) -> list[str]:
+    """What of an earlier run in `run_dir` a submit must archive first (`previous_state`).
+
+    Refuses a run whose recorded jobs are still queued or running, even with `force` (they
+    would run on outside the new jobs.json), and an earlier run's state without `force`.
+    """
+    run_dir = Path(run_dir)
+    if (run_dir / JOBS_FILE).exists():
+        live = live_jobs(read_run(run_dir), backend)
+        if live:
+            ids = ",".join(sorted({j.base_id for j in live}))
+            raise InputError(
+                "job.run_dir",
+                str(run_dir),
+                f"holds a live run (jobs {ids}); cancel it first with "
+                f"'fthsdp cancel {run_dir}', or use another run_dir",
+            )
+    state = previous_state(run_dir)
+    if state and not force:
+        shown = ", ".join(state[:4]) + (", ..." if len(state) > 4 else "")
         raise InputError(
             "job.run_dir",
             str(run_dir),
-            f"holds a live run (jobs {ids}); cancel it with 'fthsdp cancel', "
-            "use another run_dir, or pass --force",
+            f"holds a finished run ({shown}); pass --force to move it to "
+            f"{run_dir / ARCHIVE_DIR}/ and submit anew, or use another run_dir",
         )
+    return state
+
+
+def archive_state(run_dir: Path, names: Iterable[str], now: float | None = None) -> Path:
+    """Move `names` of `run_dir` into a new `run_dir/archive/<UTC time>/` (0700); its path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    base = Path(run_dir) / ARCHIVE_DIR
+    base.mkdir(mode=RUN_DIR_MODE, exist_ok=True)
+    dest = base / stamp
+    for n in range(1, 1000):
+        try:
+            dest.mkdir(mode=RUN_DIR_MODE)
+            break
+        except FileExistsError:
+            dest = base / f"{stamp}.{n}"
+    for name in names:
+        os.replace(Path(run_dir) / name, dest / name)
+    return dest
+
+
+def restore_archive(run_dir: Path, archived: Path) -> None:
+    """Undo `archive_state` (a submit that failed puts the earlier run back)."""
+    for path in sorted(archived.iterdir()):
+        target = Path(run_dir) / path.name
+        if not target.exists():
+            os.replace(path, target)
+    with contextlib.suppress(OSError):
+        archived.rmdir()
 
 
 def job_rows(record: RunRecord, queued: Iterable[JobInfo]) -> list[dict[str, Any]]:

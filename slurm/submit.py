@@ -9,7 +9,8 @@ are cancelled again, so a failed submit never leaves half a run in the queue.
 Before anything is written, `SLURM_CONF` (when set) must name a readable, non-empty file (Slurm's
 commands retry a missing one for a minute and then print several lines), the spec is checked
 against what the cluster offers (GPUs per node in the partition) when Slurm answers, and the
-run_dir is refused if it holds a live run.
+run_dir is refused if it holds a live run (even with `force`) or an earlier run's state (unless
+`force`, which moves that state to `run_dir/archive/<time>/` first; see `slurm.run_dir`).
 
 A submit is all or nothing for the run directory too: if any step fails, the files it wrote are
 removed and the ones it replaced are put back (a new run_dir is removed entirely), so a failed
@@ -42,8 +43,10 @@ from slurm.run_dir import (
     SPEC_FILE,
     JobRecord,
     RunRecord,
-    check_not_live,
+    archive_state,
+    check_resubmit,
     new_record,
+    restore_archive,
     write_private,
     write_run,
 )
@@ -161,7 +164,7 @@ def submit_run(
     """Render, write and submit every job of `spec`; return what was recorded in jobs.json."""
     run = spec.run_dir
     require_topology_support(spec)  # before anything is queued: sbatch < 24.05 lacks --segment
-    check_not_live(run, backend, force=force)
+    earlier = check_resubmit(run, backend, force=force)
     if check_cluster:
         # Advisory: sbatch refuses what cannot run anyway. An answer of a shape we do not know
         # is not advisory: drain and resume would misread it too, so it stops the submit here.
@@ -174,9 +177,15 @@ def submit_run(
         check_against_cluster(spec, nodes)
     scripts = render_run(spec)
     names = [s.filename for s in scripts] + [SPEC_FILE, SECRET_FILE, JOBS_FILE]
-    with run_dir_transaction(run, names):
-        record = _submit_scripts(spec, scripts, backend)
-        write_run(record)
+    archived = archive_state(run, earlier) if earlier else None
+    try:
+        with run_dir_transaction(run, names):
+            record = _submit_scripts(spec, scripts, backend)
+            write_run(record)
+    except BaseException:
+        if archived is not None:
+            restore_archive(run, archived)
+        raise
     return record
 
 

@@ -116,21 +116,65 @@ def test_failed_submit_cancels_what_was_submitted(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "jobs.json").exists()
 
 
-def test_live_run_is_refused_unless_forced(tmp_path: Path) -> None:
+def test_live_run_is_refused_even_forced_and_a_finished_one_unless_forced(tmp_path: Path) -> None:
     backend = RecordingBackend()
+    run = tmp_path / "run"
     first = submit_run(spec_in(tmp_path), backend)
-    old_secret = (tmp_path / "run" / "secret").read_text()
-    with pytest.raises(InputError) as info:
-        submit_run(spec_in(tmp_path), backend)
-    assert info.value.field == "job.run_dir"
-    assert "live run" in str(info.value) and "--force" in str(info.value)
-    # Once every job is finished the directory may be reused, with a fresh secret.
+    old_secret = (run / "secret").read_text()
+    for force in (False, True):
+        with pytest.raises(InputError) as info:
+            submit_run(spec_in(tmp_path), backend, force=force)
+        assert info.value.field == "job.run_dir"
+        assert "live run (jobs 101,102,103,104)" in str(info.value)
+        assert f"fthsdp cancel {run}" in str(info.value)
+    assert len(backend.submitted) == 4
+    # The run finished (its control job too): the same directory is refused without --force ...
     backend.queue = [JobInfo(j.job_id, j.job_name, "COMPLETED", "", 0, "None") for j in first.jobs]
-    second = submit_run(spec_in(tmp_path), backend)
+    for name in ("progress", "ledger"):
+        (run / name).mkdir()
+        (run / name / "r0.jsonl").write_text("{}\n")
+    (run / "finished").write_text("300")
+    (run / "control.json").write_text("{}")
+    (run / "control.sqlite").write_text("journal")
+    (run / "logs" / "control-101.err").write_text("old log")
+    with pytest.raises(InputError, match=r"holds a finished run .* pass --force"):
+        submit_run(spec_in(tmp_path), backend)
+    assert (run / "finished").exists() and read_run(run) == first
+    # ... and with --force, the earlier run's state moves to archive/<time>/ first.
+    second = submit_run(spec_in(tmp_path), backend, force=True)
     assert second.control is not None and second.control.job_id == "105"
-    assert (tmp_path / "run" / "secret").read_text() != old_secret
-    forced = submit_run(spec_in(tmp_path), backend, force=True)
-    assert forced.replicas[0].job_id == "110"
+    assert read_run(run) == second
+    assert (run / "secret").read_text() != old_secret
+    (archived,) = (run / "archive").iterdir()
+    assert sorted(p.name for p in archived.iterdir()) == [
+        "control.json",
+        "control.sqlite",
+        "finished",
+        "jobs.json",
+        "ledger",
+        "logs",
+        "progress",
+    ]
+    assert (archived / "logs" / "control-101.err").read_text() == "old log"
+    assert json.loads((archived / "jobs.json").read_text())["control"]["job_id"] == "101"
+    for name in ("finished", "progress", "ledger", "control.json", "control.sqlite"):
+        assert not (run / name).exists(), name
+    assert stat.S_IMODE(archived.stat().st_mode) == 0o700
+
+
+def test_forced_submit_that_fails_puts_the_earlier_run_back(tmp_path: Path) -> None:
+    backend = RecordingBackend()
+    run = tmp_path / "run"
+    first = submit_run(spec_in(tmp_path), backend)
+    backend.queue = [JobInfo(j.job_id, j.job_name, "COMPLETED", "", 0, "None") for j in first.jobs]
+    (run / "finished").write_text("300")
+    backend.fail_at = 5  # the new run: its control job is queued, its first replica fails
+    with pytest.raises(SlurmCommandError):
+        submit_run(spec_in(tmp_path), backend, force=True)
+    assert backend.cancelled == ["105"]
+    assert read_run(run) == first
+    assert (run / "finished").read_text() == "300"
+    assert list((run / "archive").iterdir()) == []
 
 
 def test_cancel_and_status_use_jobs_json(tmp_path: Path) -> None:

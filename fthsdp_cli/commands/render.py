@@ -68,7 +68,12 @@ def render(spec: Path, out: Path | None, replica: int | None, overrides: tuple[s
 @click.command()
 @_spec_arg
 @click.option("--dry-run", is_flag=True, help="Print the scripts instead (same as 'render').")
-@click.option("--force", is_flag=True, help="Submit even if run_dir holds a live run.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Move a finished run's state in run_dir to run_dir/archive/<time>/ and submit anew "
+    "(a run whose jobs still run is always refused: fthsdp cancel it first).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
 @_set_option
 def submit(
