@@ -113,4 +113,4 @@ def test_simulate_sweep_warns_only_for_the_counts_that_do_not_fit() -> None:
 def test_simulate_refuses_a_bad_interval() -> None:
     code, _, err = _run("--report-interval-s", "0")
     assert code == 2
-    assert "report_interval_s" in err
+    assert "report-interval-s" in err.replace("_", "-")

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from slurm.errors import InputError
 
 #: Seconds of coordinator time per status report, from `benchmarks/control_load.py`
-#: (benchmarks/figures/control_load.json: 1 / reports answered per second at saturation).
-MEASURED_REPORT_COST_S = 0.0025
+#: (benchmarks/figures/control_load.json, 2026-11-30: 1 / reports answered per second with 16
+#: leaders posting back to back; median 7.8 ms, range 5.2-48.9 ms on the shared 2-core VM,
+#: where one fsync'd journal commit per report dominates).
+MEASURED_REPORT_COST_S = 0.0078
 #: Fraction of the coordinator a steady report load may use (the rest: bursts, ticks, polls).
 DEFAULT_HEADROOM = 0.5
 
