@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -221,3 +222,65 @@ def test_status_with_slurmctld_down_says_so_and_exits_3(
         assert r.stdout == "" and "gone" not in r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith("Error: Slurm command 'squeue") and "Traceback" not in line
+
+
+@pytest.fixture
+def sleeping_run(
+    slurm_cluster: devcluster.DevClusterConfig, tmp_path: Path
+) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A run dir whose one replica is a real `sleep` job on the session's dev cluster."""
+    env = {**os.environ, "SLURM_CONF": str(slurm_cluster.conf_path)}
+    env.pop("FTHSDP_DEBUG", None)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "--wrap", "sleep 300"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    try:
+        run = tmp_path / "run"
+        run.mkdir()
+        rep = {"role": "replica", "job_id": job, "job_name": "t-r00", "script": "r", "replica": 0}
+        record = {"name": "t", "run_dir": str(run), "submitted_at": 1.0, "control": None}
+        (run / "jobs.json").write_text(json.dumps({**record, "replicas": [rep]}))
+        yield run, env
+    finally:
+        subprocess.run(["scancel", job], env=env, timeout=60, check=False)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_watch_json_into_a_pipe_is_json_lines_only(
+    sleeping_run: tuple[Path, dict[str, str]],
+) -> None:
+    run, env = sleeping_run
+    args = ["status", str(run), "--watch", "--json", "--interval", "0.5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fthsdp_cli", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        snapshots = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    for line in rest.splitlines():  # whatever came after: JSON too, no table
+        json.loads(line)
+    assert rest == "" or rest.endswith("\n")
+    for snap in snapshots:
+        (row,) = snap["jobs"]
+        assert row["reason"] is None or row["reason"] != "None", row
+        assert snap["replicas"][0]["replica"] == 0
+        assert snap["coordinator"] is None
