@@ -313,8 +313,12 @@ def test_failed_submit_restores_an_existing_run_dir(tmp_path: Path) -> None:
         (run / name).write_text(text)
     (run / "notes.txt").write_text("mine")
     with pytest.raises(SlurmCommandError):
-        submit_run(spec, RecordingBackend(fail_at=1))
-    assert {p.name: p.read_text() for p in run.iterdir()} == {**old, "notes.txt": "mine"}
+        submit_run(spec, RecordingBackend(fail_at=1), force=True)  # a finished run: --force
+    assert {p.name: p.read_text() for p in run.iterdir() if p.is_file()} == {
+        **old,
+        "notes.txt": "mine",
+    }
+    assert not [p for p in run.rglob("*") if p.is_file() and p.parent != run]  # all put back
 
 
 def test_submitted_run_dir_is_private(tmp_path: Path) -> None:
