@@ -93,6 +93,11 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
+#: What Slurm's commands say when slurmctld does not answer (22.05's squeue --json says only the
+#: second).
+_CTLD_DOWN = ("Unable to contact slurm controller", "Failed while looking for jobs")
+
+
 def one_line(exc: BaseException) -> tuple[str, int]:
     """(message, exit code) for an exception a command raised: pure, tested by a table."""
     from slurm.backend import SlurmCommandError
@@ -105,6 +110,8 @@ def one_line(exc: BaseException) -> tuple[str, int]:
         detail = _first_line(exc.stderr) or f"exit status {exc.returncode}"
         if "configuration" in detail and not os.environ.get("SLURM_CONF"):
             detail += " (SLURM_CONF is not set: for the dev cluster, run 'fthsdp cluster up')"
+        elif any(sign in exc.stderr for sign in _CTLD_DOWN):
+            detail += " (slurmctld is not answering; for the dev cluster: 'fthsdp cluster status')"
         return f"Slurm command '{command}' failed: {detail}", EXIT_ENVIRONMENT
     if isinstance(exc, EnvironmentProblem):
         return _first_line(str(exc)) or type(exc).__name__, EXIT_ENVIRONMENT

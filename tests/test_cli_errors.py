@@ -242,7 +242,8 @@ def test_internal_error_is_one_line_unless_debug(monkeypatch: pytest.MonkeyPatch
             ),
             3,
             "Slurm command 'sbatch --parsable' failed: sbatch: error: Batch job submission "
-            "failed: Unable to contact slurm controller (connect failure)",
+            "failed: Unable to contact slurm controller (connect failure) (slurmctld is not "
+            "answering; for the dev cluster: 'fthsdp cluster status')",
         ),
         (
             SlurmCommandError(["squeue", "--json"], 127, "squeue: command not found"),
@@ -253,6 +254,18 @@ def test_internal_error_is_one_line_unless_debug(monkeypatch: pytest.MonkeyPatch
             SlurmCommandError(["scontrol", "requeue", "5"], -1, "timed out after 30s"),
             3,
             "Slurm command 'scontrol requeue' failed: timed out after 30s",
+        ),
+        (
+            SlurmCommandError(
+                ["squeue", "--json"],
+                1,
+                "squeue: error: slurm_load_jobs: Unable to contact slurm controller "
+                "(connect failure)",
+            ),
+            3,
+            "Slurm command 'squeue --json' failed: squeue: error: slurm_load_jobs: Unable to "
+            "contact slurm controller (connect failure) (slurmctld is not answering; for the dev "
+            "cluster: 'fthsdp cluster status')",
         ),
         (EnvironmentProblem("port 80 in use"), 3, "port 80 in use"),
         (PermissionError(13, "Permission denied", "/runs/x"), 3, "Permission denied /runs/x"),

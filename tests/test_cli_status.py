@@ -222,6 +222,7 @@ def test_status_with_slurmctld_down_says_so_and_exits_3(
         assert r.stdout == "" and "gone" not in r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith("Error: Slurm command 'squeue") and "Traceback" not in line
+        assert "slurmctld is not answering" in line
 
 
 @pytest.fixture
