@@ -40,7 +40,10 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def _sbatch(env: dict[str, str]) -> str:
     r = subprocess.run(
-        ["sbatch", "--parsable", "-N1", "--exclusive", "--requeue", "--wrap", "sleep 600"],
+        [
+            *("sbatch", "--parsable", "-N1", "--exclusive", "--requeue"),
+            *("-o", "/dev/null", "--wrap", "sleep 600"),
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -233,7 +233,7 @@ def sleeping_run(
     env = {**os.environ, "SLURM_CONF": str(slurm_cluster.conf_path)}
     env.pop("FTHSDP_DEBUG", None)
     job = subprocess.run(
-        ["sbatch", "--parsable", "-N1", "--wrap", "sleep 300"],
+        ["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"],
         env=env,
         capture_output=True,
         text=True,

@@ -94,7 +94,7 @@ def health_cluster(
 
 def _sbatch(hc: HealthCluster, *args: str, command: str = "true") -> str:
     """A one-node job in partition gpu; returns its id."""
-    argv = ["sbatch", "--parsable", "-p", "gpu", "-N1", *args, "--wrap", command]
+    argv = ["sbatch", "--parsable", "-p", "gpu", "-N1", "-o", "/dev/null", *args, "--wrap", command]
     r = subprocess.run(
         argv, capture_output=True, text=True, timeout=20, check=True, env=hc.cfg.env()
     )
