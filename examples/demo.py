@@ -13,7 +13,9 @@ Without root or Slurm it says why and runs the same story on local processes ins
 `fthsdp run --local examples/tiny.toml --steps 600 --kill-replica 1 --at-step 60`.
 
 Exit code 0 when the run finished with agreeing weights, an exactly-once ledger and exactly one
-requeue (replica 1's), with replicas 0 and 2 never restarted.
+requeue (replica 1's), with replicas 0 and 2 never restarted. It never ends in a traceback: a
+control job that fails stops the demo at once with one line naming the failure and its log file
+(e.g. `logs/control-1.err`), and so do the overall deadline and a cluster that cannot start.
 """
 
 from __future__ import annotations
@@ -137,6 +139,37 @@ def rejoined_at(run_dir: Path, t_fault: float) -> float | None:
     return None
 
 
+class DemoFailure(Exception):
+    """The demo cannot go on; its message is the one line the user sees."""
+
+
+#: Slurm states of a control job that will not run again.
+_ENDED = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "GONE")
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log (clipped), or "" when it cannot be read."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    found = [line for line in lines if line]
+    return found[-1][:200] if found else ""
+
+
+def control_failure(data: dict[str, Any]) -> str | None:
+    """One line when the run's control job ended (failed, cancelled, gone) before the run did."""
+    control = next((j for j in data.get("jobs", []) if j.get("role") == "control"), None)
+    if control is None or str(control.get("state", "")).upper() not in _ENDED:
+        return None
+    log = RUN_DIR / "logs" / f"control-{control['job_id']}.err"
+    why = last_line(log)
+    shown = log.relative_to(REPO) if log.is_relative_to(REPO) else log
+    return f"control job {control['job_id']}: {control['state']}; see {shown}" + (
+        f": {why}" if why else ""
+    )
+
+
 def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
     """Show the run live; inject the fault once every replica trains; return when it ends."""
     from fthsdp_cli.commands.status import _render, full_status
@@ -166,9 +199,13 @@ def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
             if reps and all(r["slurm_state"] == "COMPLETED" for r in reps):
                 live.update(Group(_render(data), Text("run finished")))
                 return t_fault, data
+            failed = control_failure(data)
+            if failed is not None:
+                raise DemoFailure(failed)
             live.update(Group(_render(data), note))
             time.sleep(1)
-    raise TimeoutError(f"the run did not finish within {RUN_TIMEOUT_S} s")
+    logs = RUN_DIR.relative_to(REPO) / "logs"
+    raise DemoFailure(f"the run did not finish within {RUN_TIMEOUT_S} s; see {logs}/")
 
 
 def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, Any]) -> bool:
@@ -239,7 +276,11 @@ def main() -> int:
     problems = devcluster.missing_prerequisites()
     if problems:
         return local_fallback("; ".join(problems))
+    from slurm.backend import SlurmCommandError
+    from slurm.errors import EnvironmentProblem, InputError
+
     cfg: devcluster.DevClusterConfig | None = None
+    ok = False
     try:
         cfg = start_cluster()
         job_environment(cfg)
@@ -256,6 +297,9 @@ def main() -> int:
         console.print(f"submitted {SPEC.name}: control job {control}, replica jobs {ids}")
         t_fault, data = watch(cfg)
         ok = summarize(cfg, t_fault, data)
+    except (DemoFailure, EnvironmentProblem, InputError, SlurmCommandError, OSError) as exc:
+        console.print(f"[red]demo failed:[/] {exc}", highlight=False)
+        return 1
     finally:
         cleanup(cfg)
     console.print("[green]demo ok[/]" if ok else "[red]demo: something is off (see above)[/]")

@@ -9,6 +9,14 @@ replica stays out and the run continues while `min_replicas` hold. Faults can be
 (chaos). A kill is only injected while another replica is healthy and not healing, because the
 committed state lives only in live replicas between durable checkpoints.
 
+The launcher owns its run directory: each run starts from fresh state files (`clear_run_state`)
+and the workers get the launcher's own Lighthouse address, never a `control.json`; a directory
+that holds a run submitted to Slurm (`jobs.json`) is left alone and the local run goes to its
+`local/` subdirectory instead (`local_run_dir`). The Lighthouse gets a start deadline with one
+retry (`runtime.control.service.Lighthouse`). On SIGTERM or SIGINT the launcher stops every
+process it started (each worker and the Lighthouse run in their own process group, which is
+killed) and returns the summary so far, with the signal in `RunSummary.signal`.
+
 Everything it measures comes from the workers' own files in the run directory: per-replica
 progress events (`progress/r*.jsonl`), the data ledger (`ledger/r*.jsonl`) and the final local
 shards (`final/r*_rank*.pt`). The summary says how many steps committed, the failures injected,
@@ -34,10 +42,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from runtime import ledger
 from runtime.api_files import list_final_shards
+from runtime.control.service import Lighthouse, LighthouseConfig
 from runtime.env import Timeouts
 from runtime.verdict import check_ledger, final_weights_agree
 
@@ -80,6 +90,12 @@ class LaunchConfig:
     straggler_evict: bool = True
     #: The local restart cost the eviction decision weighs until the run measured its own.
     straggler_requeue_cost_s: float = 5.0
+    #: The slow replica runs at its normal pace up to this step, then its "node" degrades (a
+    #: straggler is slow against its own recent pace too, so it needs a pace to be slower than).
+    slow_after_step: int = 20
+    #: Straggler detection and eviction hold off while another replica is recovering and for
+    #: this long after it trains again.
+    straggler_recovery_hold_s: float = 1.0
 
 
 @dataclass
@@ -109,6 +125,8 @@ class ReplicaState:
     joined: dict[str, float] = field(default_factory=dict)
     offset: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    #: When (monotonic) it last began training after starting or healing.
+    training_since: float | None = None
 
 
 @dataclass
@@ -134,6 +152,8 @@ class RunSummary:
     error: str | None = None
     #: Straggler decisions taken (replica, action, why, t, step), oldest first.
     straggler_decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: The signal (SIGTERM, SIGINT) that stopped the run early, if one did.
+    signal: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -145,25 +165,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def lighthouse_binary() -> str:
-    candidate = Path(sys.executable).parent / "torchft_lighthouse"
-    if candidate.exists():
-        return str(candidate)
-    from shutil import which
-
-    found = which("torchft_lighthouse")
-    if found is None:
-        from slurm.errors import EnvironmentProblem
-
-        raise EnvironmentProblem("torchft_lighthouse not found (install torchft)")
-    return found
-
-
 def resolve_command(command: str | list[str]) -> list[str]:
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return argv
+
+
+class StoppedBySignal(Exception):
+    """SIGTERM or SIGINT arrived while the Lighthouse was starting."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class LocalLauncher:
@@ -175,8 +189,10 @@ class LocalLauncher:
         self.rng = random.Random(cfg.seed)
         self.replicas = [ReplicaState(r) for r in range(cfg.replicas)]
         self.failures: list[Failure] = []
-        self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.lighthouse: Lighthouse | None = None
         self.lighthouse_addr = ""
+        self.stop_signal: int | None = None
+        self._starting = False
         self._killed_once = False
         self._next_chaos: float | None = None
         self._any_done = False
@@ -184,7 +200,10 @@ class LocalLauncher:
         from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerMonitor
 
         self.stragglers = StragglerMonitor(
-            StragglerConfig(window_steps=cfg.straggler_window_steps),
+            StragglerConfig(
+                window_steps=cfg.straggler_window_steps,
+                recovery_hold_s=cfg.straggler_recovery_hold_s,
+            ),
             EvictionConfig(
                 mode="exclude" if cfg.straggler_evict else "report",
                 min_replicas=cfg.min_replicas,
@@ -196,30 +215,20 @@ class LocalLauncher:
 
     # ---------------------------------------------------------------- processes
     def _start_lighthouse(self) -> None:
+        """Start the Lighthouse and wait until it listens (a deadline, one retry)."""
         cfg = self.cfg
-        port = free_port()
         join_s = cfg.lighthouse_join_timeout_s or min(cfg.timeouts.join_s, 5.0)
         (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(cfg.run_dir / "logs" / "lighthouse.log", "wb")  # noqa: SIM115
-        self.lighthouse = subprocess.Popen(
-            [
-                lighthouse_binary(),
-                "--min_replicas",
-                str(cfg.min_replicas),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--heartbeat_timeout_ms",
-                str(int(cfg.timeouts.heartbeat_s * 1000)),
-                "--join_timeout_ms",
-                str(int(join_s * 1000)),
-                "--quorum_tick_ms",
-                "50",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        config = LighthouseConfig(
+            host="127.0.0.1",
+            min_replicas=cfg.min_replicas,
+            heartbeat_timeout_ms=int(cfg.timeouts.heartbeat_s * 1000),
+            join_timeout_ms=int(join_s * 1000),
+            quorum_tick_ms=50,
         )
-        self.lighthouse_addr = f"http://127.0.0.1:{port}"
+        self.lighthouse = Lighthouse(config, cfg.run_dir / "logs" / "lighthouse.log")
+        self.lighthouse.start_and_wait()
+        self.lighthouse_addr = self.lighthouse.url
 
     def _env(self, replica: int, rank: int, port: int) -> dict[str, str]:
         cfg = self.cfg
@@ -248,9 +257,8 @@ class LocalLauncher:
                 "RUST_LOG": env.get("RUST_LOG", "warn"),
             }
         )
-        control = cfg.run_dir / "control.json"
-        if control.exists():
-            env["FTHSDP_CONTROL_FILE"] = str(control)
+        # This launcher is the control plane: never a control.json (a submit's may be stale).
+        env.pop("FTHSDP_CONTROL_FILE", None)
         env.update(cfg.extra_env)
         return env
 
@@ -262,7 +270,7 @@ class LocalLauncher:
             out = open(logs / f"r{rs.replica}_w{rank}_i{rs.incarnation}.log", "wb")  # noqa: SIM115
             env = self._env(rs.replica, rank, port)
             if rs.replica == self.cfg.slow_replica and rs.incarnation == 0:
-                env["FTHSDP_SLOW_FACTOR"] = str(self.cfg.slow_factor)
+                env["FTHSDP_SLOW_FILE"] = str(self._slow_file(rs))
             rs.procs.append(
                 subprocess.Popen(
                     resolve_command(self.cfg.command),
@@ -285,13 +293,33 @@ class LocalLauncher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
 
+    def _slow_file(self, rs: ReplicaState) -> Path:
+        return self.cfg.run_dir / "slow" / f"r{rs.replica}"
+
+    def _degrade(self) -> None:
+        """Slow the slow replica's first incarnation down once it passed `slow_after_step`."""
+        cfg = self.cfg
+        if cfg.slow_replica is None:
+            return
+        rs = self.replicas[cfg.slow_replica]
+        path = self._slow_file(rs)
+        if rs.incarnation == 0 and rs.step >= cfg.slow_after_step and not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(str(cfg.slow_factor))
+
     def shutdown(self) -> None:
+        """Stop every process this launcher started: each replica's process groups, then the
+        Lighthouse's."""
         for rs in self.replicas:
             self._kill(rs)
-        if self.lighthouse is not None and self.lighthouse.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.lighthouse.pid, signal.SIGKILL)
-            self.lighthouse.wait(timeout=5)
+        if self.lighthouse is not None:
+            self.lighthouse.stop()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        if self._starting:
+            raise StoppedBySignal(signum)  # out of the Lighthouse's start wait
 
     # ---------------------------------------------------------------- progress
     def _read_progress(self, rs: ReplicaState) -> None:
@@ -316,6 +344,8 @@ class LocalLauncher:
             elif kind == "commit":
                 rs.step = ev["step"] + 1
                 rs.healing = bool(ev.get("healing"))
+                if not rs.healing and rs.state != "training":
+                    rs.training_since = time.monotonic()
                 rs.state = "healing" if rs.healing else "training"
                 rs.last_commit_t = ev["t"]
                 rs.commits.append((ev["t"], ev["step"], rs.healing, ev["incarnation"]))
@@ -324,6 +354,23 @@ class LocalLauncher:
                 rs.state = "finishing"
 
     # ---------------------------------------------------------------- stragglers
+    def _recovering(self, replica: int) -> tuple[int, ...]:
+        """The other replicas starting, dead, healing, or training again for less than the
+        hold (`runtime.control.straggler.recovering_replicas`' local counterpart)."""
+        hold = self.cfg.straggler_recovery_hold_s
+        now = time.monotonic()
+        return tuple(
+            r.replica
+            for r in self.replicas
+            if r.replica != replica
+            and r.state not in ("done", "out", "finishing")
+            and (
+                r.state in ("starting", "dead", "healing")
+                or r.training_since is None
+                or now - r.training_since < hold
+            )
+        )
+
     def _observe_timing(self, rs: ReplicaState, ev: dict[str, Any]) -> None:
         from runtime.control.straggler import TimingSample
 
@@ -339,7 +386,8 @@ class LocalLauncher:
                 step_time_s=ev.get("step_s"),
                 allreduce_wait_s=ev.get("wait_s"),
                 nodes=(f"local-r{rs.replica}-i{rs.incarnation}",),
-            )
+            ),
+            evidence=not self._recovering(rs.replica),
         )
 
     def _evict_stragglers(self) -> None:
@@ -347,7 +395,8 @@ class LocalLauncher:
             return  # the run is ending: nothing left to gain
         participants = sum(1 for r in self.replicas if r.state in ("training", "healing"))
         in_flight = any(r.state in ("dead", "starting") for r in self.replicas)
-        for d in self.stragglers.decisions(participants, time.monotonic(), in_flight):
+        recovering = self._recovering(-1)
+        for d in self.stragglers.decisions(participants, time.monotonic(), in_flight, recovering):
             rs = self.replicas[d.replica]
             self.straggler_decisions.append(
                 {**d.to_dict(), "t": time.time(), "step": rs.step, "incarnation": rs.incarnation}
@@ -440,18 +489,43 @@ class LocalLauncher:
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> RunSummary:
+        """Run to the end, a failure, the timeout, or SIGTERM/SIGINT; every process it started
+        is stopped before it returns the summary."""
+        previous: dict[int, Any] = {}
+        with contextlib.suppress(ValueError):  # not the main thread: no signal handling
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _run(self) -> RunSummary:
         cfg = self.cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self._t0 = time.time()
         error = None
         try:
-            self._start_lighthouse()
+            self._starting = True
+            try:
+                self._start_lighthouse()
+            except StoppedBySignal:
+                pass  # stop_signal is set: nothing is launched, the loop ends at once
+            finally:
+                self._starting = False
             for rs in self.replicas:
-                self._launch(rs)
+                if self.stop_signal is None:
+                    self._launch(rs)
             deadline = time.monotonic() + cfg.run_timeout_s
             while True:
+                if self.stop_signal is not None:
+                    name = signal.Signals(self.stop_signal).name
+                    error = f"stopped by {name} after {time.time() - self._t0:.0f}s"
+                    break
                 for rs in self.replicas:
                     self._read_progress(rs)
+                self._degrade()
                 self._faults()
                 self._evict_stragglers()
                 for rs in self.replicas:
@@ -540,6 +614,7 @@ class LocalLauncher:
             ok=ok,
             error=error,
             straggler_decisions=self.straggler_decisions,
+            signal=self.stop_signal,
         )
 
     def _weights_agree(self) -> bool:
@@ -610,7 +685,31 @@ def config_from_spec(
 
 
 #: Run-directory entries a fresh local run clears (durable checkpoints are kept with --resume).
-RUN_STATE = ("progress", "ledger", "final", "logs", "finished")
+RUN_STATE = (
+    "progress",
+    "ledger",
+    "final",
+    "logs",
+    "finished",
+    "slow",
+    "rendezvous",
+    "control.json",
+    "control.sqlite",
+    "control.sqlite-wal",
+    "control.sqlite-shm",
+)
+#: Where a local run goes inside a directory that holds a run submitted to Slurm.
+LOCAL_SUBDIR = "local"
+
+
+def local_run_dir(run_dir: Path) -> tuple[Path, str | None]:
+    """The directory a local run owns for `run_dir`, and a note when it is not `run_dir`
+    itself: a directory with a submitted run (`jobs.json`) is that run's, so the local run
+    goes to its `local/` subdirectory and leaves the submitted run's files alone."""
+    if (run_dir / "jobs.json").exists():
+        own = run_dir / LOCAL_SUBDIR
+        return own, f"{run_dir} holds a run submitted to Slurm; this local run uses {own}"
+    return run_dir, None
 
 
 def clear_run_state(run_dir: Path, keep_checkpoints: bool) -> None:

@@ -1,5 +1,6 @@
-"""Local launcher: a replica slowed 2x is detected, evicted and restarted once; afterwards the
-run steps at its normal pace, and the run still ends with agreeing weights and a clean ledger."""
+"""Local launcher: a replica slowed 2x from step 20 is detected, evicted and restarted once;
+afterwards the run steps at its normal pace, and it still ends with agreeing weights and a clean
+ledger."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_slow_replica_is_evicted_once_and_the_pace_recovers(tmp_path: Path) -> N
         command=[sys.executable, str(ROOT / "examples" / "train_tiny.py")],
         replicas=3,
         ranks_per_replica=1,
-        steps=90,
+        steps=150,
         min_replicas=2,
         timeouts=Timeouts(heartbeat_s=2.0, allreduce_s=10.0, quorum_s=20.0, join_s=30.0),
         extra_env={"TINY_STEP_SLEEP_S": "0.1", "PYTHONPATH": str(ROOT)},
@@ -48,7 +49,8 @@ def test_slow_replica_is_evicted_once_and_the_pace_recovers(tmp_path: Path) -> N
     ]
     commits = [e["t"] for e in events if e["event"] == "commit"]
     t_evict = evictions[0]["t"]
-    before = [b - a for a, b in pairwise(t for t in commits if t < t_evict)][3:]
+    # The steps just before the eviction: all in the slow window (10 steps).
+    before = [b - a for a, b in pairwise(t for t in commits if t < t_evict)][-8:]
     after = [b - a for a, b in pairwise(t for t in commits if t > t_evict + 8.0)]
     assert len(before) >= 5 and len(after) >= 5
     # Slow phase ~2x; once the replacement participates the healthy replica steps fast again.

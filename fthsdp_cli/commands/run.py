@@ -29,11 +29,22 @@ def _status_table(replicas: list[Any]) -> Table:
     return table
 
 
+def _failures(failures: list[dict[str, Any]]) -> str:
+    """`2 (1 injected, 1 crashed)`: one per replica that died, whatever its ranks did."""
+    if not failures:
+        return "0"
+    kinds: dict[str, int] = {}
+    for f in failures:
+        kind = {"crash": "crashed", "straggler": "evicted"}.get(f["kind"], f["kind"])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return f"{len(failures)} (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+
+
 def _summary_table(summary: Any) -> Table:
     table = Table(title="run summary", show_header=False)
     rows = [
         ("steps", f"{summary.steps}/{summary.target_steps}"),
-        ("failures injected", str(len(summary.failures))),
+        ("failures", _failures(summary.failures)),
         ("max healthy-replica stall", f"{summary.max_healthy_stall_s:.2f} s"),
         ("rejoin (from relaunch)", ", ".join(f"{x:.2f} s" for x in summary.rejoin_s) or "-"),
         ("median step", f"{summary.median_step_s * 1000:.0f} ms"),
@@ -177,7 +188,12 @@ def run(
         raise InputError("--restart-delay", restart_delay, "seconds >= 0")
     if chaos_mtbf is not None and chaos_mtbf <= 0:
         raise InputError("--chaos-mtbf", chaos_mtbf, "a positive number of seconds")
-    from runtime.local_launcher import LocalLauncher, clear_run_state, config_from_spec
+    from runtime.local_launcher import (
+        LocalLauncher,
+        clear_run_state,
+        config_from_spec,
+        local_run_dir,
+    )
     from slurm.spec import load_spec
 
     job = load_spec(spec, overrides)
@@ -199,8 +215,11 @@ def run(
     )
     if at_step is not None and at_step > cfg.steps:
         raise InputError("--at-step", at_step, f"a step in 1..{cfg.steps} (the run's steps)")
-    clear_run_state(cfg.run_dir, keep_checkpoints=resume)
     err = Console(stderr=True)
+    cfg.run_dir, note = local_run_dir(cfg.run_dir)
+    if note:
+        err.print(note, highlight=False)
+    clear_run_state(cfg.run_dir, keep_checkpoints=resume)
     if as_json or not err.is_terminal:
         summary = LocalLauncher(cfg).run()
     else:
@@ -214,5 +233,7 @@ def run(
             err.print(f"[red]{summary.error}[/]")
         for problem in summary.ledger_problems[:5]:
             err.print(f"[yellow]ledger:[/] {problem}")
+    if summary.signal is not None:
+        raise SystemExit(128 + summary.signal)  # the shell's code for a signal
     if not summary.ok:
         raise SystemExit(1)

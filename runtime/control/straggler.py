@@ -619,14 +619,16 @@ class StragglerMonitor:
         recovering: tuple[int, ...] = (),
     ) -> list[StragglerDecision]:
         """New decisions for the current stragglers; at most one eviction, counted as taken
-        (and its requeue noted at monotonic time `now`)."""
+        (and its requeue noted at monotonic time `now`). `recovering`: the replicas recovering
+        now; a straggler waits while any replica other than itself is."""
         out = []
         for v in stragglers(self.state):
             track = self.state.tracks[v.replica]
             key = (v.replica, track.latest.incarnation)
             if key in self.evicted:
                 continue
-            d = decide(v, self.context(participants, in_flight, recovering), self.evict)
+            others = tuple(k for k in recovering if k != v.replica)
+            d = decide(v, self.context(participants, in_flight, others), self.evict)
             summary = (track.latest.incarnation, d.action, d.why.split(":")[0])
             if self._announced.get(v.replica) == summary:
                 continue
@@ -705,8 +707,8 @@ class StragglerService:
         reps = state.replicas.values()
         rows = ((r.replica, r.phase, r.phase_since, r.handled is not None) for r in reps)
         hold = self.monitor.detect.recovery_hold_s
-        recovering = recovering_replicas(rows, report.replica, at, hold)
-        self.monitor.observe_sample(sample, evidence=not recovering)
+        recovering = recovering_replicas(rows, -1, at, hold)  # every replica, for decisions
+        self.monitor.observe_sample(sample, evidence=not set(recovering) - {report.replica})
         participants = sum(1 for r in reps if r.phase in _PARTICIPATING)
         in_flight = any(r.phase in _IN_FLIGHT or r.handled is not None for r in reps)
         events = []
