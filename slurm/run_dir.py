@@ -277,16 +277,19 @@ def check_spec_data(path: Path, data: Any) -> dict[str, Any]:
     _want(path, "replicas.count", count, _is_int(count) and count >= 1, "an integer >= 1")
     if {"job", "replicas", "train"} <= set(top):
         # A whole spec (what submit writes): its cross-field rules hold too.
-        plain = {
-            name: {k: v for k, v in table.items() if v is not None}
-            for name, table in top.items()
-            if name != "source"
-        }
+        plain = {name: _without_nulls(table) for name, table in top.items() if name != "source"}
         try:
             spec_module.parse_spec(plain)
         except InputError as exc:
             raise _bad(path, str(exc)) from None
     return top
+
+
+def _without_nulls(table: dict[str, Any]) -> dict[str, Any]:
+    """`table` without its null fields, nested tables (replicas.helper) included: the spec
+    writes unset optional fields as null, and the spec parser reads a missing one as unset."""
+    kept = {k: v for k, v in table.items() if v is not None}
+    return {k: _without_nulls(v) if isinstance(v, dict) else v for k, v in kept.items()}
 
 
 def _check_fields(path: Path, cls: type, where: str, table: dict[str, Any]) -> None:

@@ -318,3 +318,14 @@ def test_cli_status_and_cancel_on_missing_run(tmp_path: Path) -> None:
         r = CliRunner().invoke(cli, [command, str(tmp_path)])
         assert r.exit_code == 2
         assert "RUN_DIR" in r.output and "jobs.json" in r.output
+
+
+def test_spec_json_of_a_spec_with_a_helper_reads_back(tmp_path: Path) -> None:
+    # The helper's unset fields are written as null, nested one table deeper than the others.
+    from slurm.run_dir import read_spec_data
+    from slurm.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "examples" / "demo.toml")
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    data = read_spec_data(tmp_path)
+    assert data is not None and data["replicas"]["helper"]["partition"] is None
