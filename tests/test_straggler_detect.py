@@ -355,17 +355,28 @@ def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
         StragglerConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_no_evidence_while_another_replica_recovers() -> None:
-    # The same 2x slowdown as in "sustained 2x", but every sample from step 100 to 180 arrives
-    # while another replica recovers (evidence=False): the window starts only after it.
+@pytest.mark.parametrize(
+    ("slow_from", "hold", "flagged"),
+    [
+        # Slowed at step 100 while another replica recovers (100-180): the window starts after.
+        (100, range(100, 180), 229),
+        # The run's start is a hold too (every replica starting): its normal samples still
+        # teach each replica's own pace, so a slowdown inside the hold is caught after it.
+        (20, range(0, 30), 79),
+    ],
+    ids=["slowed-during-a-recovery", "slowed-during-the-start"],
+)
+def test_no_evidence_while_another_replica_recovers(
+    slow_from: int, hold: range, flagged: int
+) -> None:
     config = StragglerConfig()
     state = DetectorState()
     first = None
     for s in range(300):
         for r in range(2):
-            compute = 0.2 if r == 1 and s >= 100 else 0.1
+            compute = 0.2 if r == 1 and s >= slow_from else 0.1
             sample = _sample(r, s, s * 0.3 + 0.01 * r, compute)
-            state = observe(state, sample, config, evidence=not 100 <= s < 180)
+            state = observe(state, sample, config, evidence=s not in hold)
         if first is None and stragglers(state):
             first = s
-    assert first == 229
+    assert first == flagged

@@ -255,6 +255,21 @@ def _own_pace(track: ReplicaTrack, config: StragglerConfig) -> float | None:
     return statistics.median(track.own)
 
 
+def _learn_pace(
+    track: ReplicaTrack, old: ReplicaTrack, sample: TimingSample, config: StragglerConfig
+) -> ReplicaTrack:
+    """While other replicas recover: a sample still teaches the replica's own pace, unless it is
+    `factor` slower than the pace already known (a slowdown that starts meanwhile is not
+    absorbed as the new normal) or an episode is open."""
+    own = _own_pace(old, config)
+    compute = sample.compute_s
+    if compute is None or old.episode is not None:
+        return track
+    if own is not None and compute >= config.factor * own:
+        return track
+    return replace(track, own=(*old.own, compute)[-config.own_window :])
+
+
 def _sustained(ep: Episode, config: StragglerConfig) -> bool:
     if ep.fraction_above(config.factor) < config.min_fraction_above:
         return False
@@ -306,7 +321,8 @@ def observe(
     """Fold one sample into the detector state (returns a new state; the old one is unchanged).
 
     With `evidence=False` (another replica is recovering) the sample only becomes the replica's
-    latest: it neither advances an episode nor enters the replica's own pace.
+    latest and, unless it is slow against it, teaches the replica's own pace: it never advances
+    an episode.
     """
     config = config or StragglerConfig()
     tracks = dict(state.tracks)
@@ -336,7 +352,10 @@ def observe(
         return DetectorState(tracks, clock)
     if not evidence or not sample.usable or sample.step <= old.ignore_until_step:
         # No evidence either way; keep the episode (the gap rule ends it if data stays away).
-        tracks[sample.replica] = replace(old, latest=sample)
+        track = replace(old, latest=sample)
+        if not evidence and sample.usable and sample.step > old.ignore_until_step:
+            track = _learn_pace(track, old, sample, config)
+        tracks[sample.replica] = track
         return DetectorState(tracks, clock)
     assert sample.compute_s is not None
     median = _peer_median(tracks, sample.replica, sample.received_at, config)
