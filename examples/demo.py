@@ -48,7 +48,7 @@ VICTIM = 1
 INJECT_AT_STEP = 40
 RUN_TIMEOUT_S = 420
 # A pipe (`make demo | tee`) gets 80 columns by default: too narrow for the status table.
-console = Console(width=None if sys.stdout.isatty() else 120)
+console = Console()
 
 
 def local_fallback(why: str) -> int:
