@@ -697,14 +697,13 @@ def slurm_release() -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def restart_pending(
-    before: Mapping[str, int], processes: Mapping[int, str], recorded: Mapping[str, int | None]
-) -> dict[str, str]:
+def restart_pending(before: Mapping[str, int], processes: Mapping[int, str]) -> dict[str, str]:
     """What a 23.11+ reconfigure has not finished yet: daemon -> what is wrong (empty = done).
 
     `before`: daemon -> pid before the reconfigure; `processes`: this cluster's live processes
-    now (pid -> daemon); `recorded`: daemon -> the pid its pid file names now. Done means every
-    Slurm daemon runs again under a new pid, its predecessor is gone and its pid file names it.
+    now (pid -> daemon). Done means every Slurm daemon runs again under a new pid and its
+    predecessor is gone. Pid files are no evidence: the predecessor deletes its pid file when it
+    exits, which can be after its successor wrote it (seen on 24.11).
     """
     pending = {}
     for name, old in before.items():
@@ -715,16 +714,22 @@ def restart_pending(
             pending[name] = f"not running (was pid {old})"
         elif old in pids:
             pending[name] = f"pid {old} still running"
-        elif recorded.get(name) not in pids:
-            pending[name] = f"pid file names {recorded.get(name)}, running {pids}"
     return pending
+
+
+def _rewrite_pid_files(cfg: DevClusterConfig) -> None:
+    """Point every pid file at its daemon's live process (a restart may have deleted it)."""
+    live = live_daemons(cfg)
+    for name, path in _pid_files(cfg).items():
+        if name in live and _read_pid(path) != live[name]:
+            path.write_text(f"{live[name]}\n")
 
 
 def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
     """Rewrite slurm.conf with `changes` (e.g. prolog=...) and tell slurmctld and slurmds.
 
     Returns once the daemons run the new config: on 23.11 and later they restart under new pids,
-    which is waited for (every old daemon gone, its successor in the pid file).
+    which is waited for (every old daemon gone), and the pid files are made to name them again.
     """
     new = replace(cfg, **changes)  # type: ignore[arg-type]
     write_files(new)
@@ -735,9 +740,9 @@ def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
     if slurm_release() >= RESTARTS_ON_RECONFIGURE:
         deadline = time.monotonic() + RECONFIGURE_TIMEOUT_S
         while True:
-            recorded = {name: _read_pid(path) for name, path in _pid_files(new).items()}
-            pending = restart_pending(before, cluster_processes(new), recorded)
+            pending = restart_pending(before, cluster_processes(new))
             if not pending:
+                _rewrite_pid_files(new)
                 break
             if time.monotonic() > deadline:
                 first = next(iter(pending)).replace("slurmd ", "slurmd-")
