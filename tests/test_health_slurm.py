@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import time
 from collections.abc import Iterator
@@ -173,8 +174,10 @@ def test_healthcheck_leaves_admin_drain_alone(health_cluster: HealthCluster) -> 
 
 def _sbatch_as_nobody(hc: HealthCluster, *args: str) -> str:
     """Submit as root on behalf of the unprivileged user `nobody` (sbatch --uid): the job is
-    nobody's, its comment is whatever nobody typed."""
-    return _sbatch(hc, "--uid=nobody", "--chdir=/tmp", "--output=/dev/null", *args)
+    nobody's, its comment is whatever nobody typed. The uid goes as a number: 26.05's sbatch
+    refuses `--uid=nobody` ("Invalid --uid specification")."""
+    uid = pwd.getpwnam("nobody").pw_uid
+    return _sbatch(hc, f"--uid={uid}", "--chdir=/tmp", "--output=/dev/null", *args)
 
 
 def _no_node_drained(hc: HealthCluster) -> None:
