@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -67,6 +68,8 @@ __all__ = [
 REASON_MAX = 120
 #: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
 RELEASE_DELAY_S = 2
+#: Seconds a Slurm command may take before a `notice` says what fthsdp is waiting for.
+WAIT_NOTICE_AFTER_S = 3.0
 
 
 class SlurmBackend(Protocol):
@@ -98,12 +101,16 @@ class CommandBackend:
         backoff: float = 0.5,
         env: dict[str, str] | None = None,
         version: SlurmVersion | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.env = env
         self._version = version
+        #: Told what a slow command is waiting for; a person at a terminal wants to know, a
+        #: daemon's log has the final error anyway, so only the CLI sets it.
+        self.notice = notice
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -113,14 +120,7 @@ class CommandBackend:
         last: SlurmCommandError | None = None
         for attempt in range(attempts):
             try:
-                r = subprocess.run(
-                    list(argv),
-                    capture_output=True,
-                    text=True,
-                    timeout=self.timeout,
-                    env=self.env,
-                    check=False,
-                )
+                r = self._attempt(argv)
             except subprocess.TimeoutExpired:
                 last = SlurmCommandError(argv, -1, f"timed out after {self.timeout:.0f}s")
             except FileNotFoundError:
@@ -132,9 +132,47 @@ class CommandBackend:
                 if not _transient(last.stderr):
                     raise last
             if attempt + 1 < attempts:
-                time.sleep(self.backoff * (2**attempt))
+                delay = self.backoff * (2**attempt)
+                if self.notice is not None:
+                    why = last.stderr.splitlines()[-1] if last.stderr else "no answer"
+                    self.notice(
+                        f"fthsdp: waiting: `{argv[0]}` failed ({why}); "
+                        f"trying again in {delay:.1f} s ({attempt + 2}/{attempts})"
+                    )
+                time.sleep(delay)
         assert last is not None
         raise last
+
+    def _attempt(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """One run of a command under the timeout; says so once when it is slow to answer."""
+        quiet = self.notice is None or self.timeout <= WAIT_NOTICE_AFTER_S
+        with subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            start_new_session=True,  # a timeout stops the command's children too
+        ) as proc:
+            try:
+                try:
+                    out, err = proc.communicate(
+                        timeout=self.timeout if quiet else WAIT_NOTICE_AFTER_S
+                    )
+                except subprocess.TimeoutExpired:
+                    if quiet or self.notice is None:
+                        raise
+                    self.notice(
+                        f"fthsdp: waiting for `{argv[0]}` to answer (slurmctld slow or "
+                        f"unreachable); giving up after {self.timeout:.0f} s"
+                    )
+                    out, err = proc.communicate(timeout=self.timeout - WAIT_NOTICE_AFTER_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -403,7 +441,7 @@ def pyslurm_usable() -> bool:
     return v.returncode == 0 and versions_match(r.stdout.strip(), v.stdout.strip())
 
 
-def default_backend() -> SlurmBackend:
+def default_backend(notice: Callable[[str], None] | None = None) -> SlurmBackend:
     """The backend fthsdp uses unless told otherwise: Slurm's commands.
 
     pyslurm exists on the package index only for Slurm versions that do not match Debian's
@@ -414,5 +452,5 @@ def default_backend() -> SlurmBackend:
     if os.environ.get("FTHSDP_BACKEND") == "pyslurm" and pyslurm_usable():
         from slurm.backend_pyslurm import PyslurmBackend
 
-        return PyslurmBackend()
-    return CommandBackend()
+        return PyslurmBackend(notice=notice)
+    return CommandBackend(notice=notice)

@@ -364,7 +364,7 @@ def test_status_command_says_drained_unknown_on_stderr(
 
     monkeypatch.delenv("SLURM_CONF", raising=False)
     monkeypatch.setattr(
-        "slurm.backend.default_backend", lambda: ScriptedBackend("24.11", nodes=UNKNOWN)
+        "slurm.backend.default_backend", lambda **_: ScriptedBackend("24.11", nodes=UNKNOWN)
     )
     result = CliRunner().invoke(status, [str(_run_dir(tmp_path)), "--json"])
     assert result.exit_code == 0, result.output + result.stderr

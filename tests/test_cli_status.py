@@ -219,10 +219,11 @@ def test_status_with_slurmctld_down_says_so_and_exits_3(
             env=env,
         )
         assert r.returncode == 3, (r.stdout, r.stderr)
-        assert r.stdout == "" and "gone" not in r.stderr
-        (line,) = r.stderr.strip().splitlines()
-        assert line.startswith("Error: Slurm command 'squeue") and "Traceback" not in line
+        assert r.stdout == "" and "gone" not in r.stderr and "Traceback" not in r.stderr
+        *waits, line = r.stderr.strip().splitlines()
+        assert line.startswith("Error: Slurm command 'squeue")
         assert "slurmctld is not answering" in line
+        assert waits and all(w.startswith("fthsdp: waiting") for w in waits), r.stderr
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from fthsdp_cli.commands import stderr_notice
+
 _spec_arg = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 _set_option = click.option(
     "--set",
@@ -89,7 +91,7 @@ def submit(
 
     loaded = load_spec(spec, overrides)
     check_slurm_conf()
-    record = submit_run(loaded, default_backend(), force=force)
+    record = submit_run(loaded, default_backend(notice=stderr_notice), force=force)
     if as_json:
         click.echo(record.to_json(), nl=False)
         return
@@ -123,7 +125,7 @@ def cancel(run_dir: Path) -> None:
 
     record = read_run(run_dir)
     check_slurm_conf()
-    backend = default_backend()
+    backend = default_backend(notice=stderr_notice)
     ids = [r.job_id for r in record.replicas] + ([record.control.job_id] if record.control else [])
     to_cancel, finished = cancel_order(ids, {j.base_id for j in live_jobs(record, backend)})
     if to_cancel:

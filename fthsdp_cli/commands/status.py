@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from fthsdp_cli.commands import stderr_notice
 from slurm.backend import SlurmBackend
 
 
@@ -226,7 +227,7 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
 
     check_run_files(run_dir)
     check_slurm_conf()
-    backend = default_backend()
+    backend = default_backend(notice=stderr_notice)
     data = full_status(run_dir, backend)
     if data.get("drained_unknown"):
         click.echo(f"drained nodes unknown: {data['drained_unknown']}", err=True)
@@ -279,7 +280,8 @@ def requeue(
 
     check_run_files(run_dir, spec=False)
     check_slurm_conf()
-    result = request_requeue(run_dir, replica, default_backend(), drain_node, reason)
+    backend = default_backend(notice=stderr_notice)
+    result = request_requeue(run_dir, replica, backend, drain_node, reason)
     if as_json:
         click.echo(json.dumps(result))
     else:

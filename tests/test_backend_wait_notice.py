@@ -1,0 +1,68 @@
+"""A slow or failing Slurm command says what fthsdp waits for, and still ends by its deadline.
+
+Real executables stand in for a slurmctld that answers late or not at all: a script that sleeps,
+and one that prints Slurm's own "Unable to contact slurm controller" and fails.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm.backend import WAIT_NOTICE_AFTER_S, CommandBackend, SlurmCommandError
+
+
+def _script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_slow_answer_is_announced_once_and_still_read(tmp_path: Path) -> None:
+    slow = _script(tmp_path, "squeue", f"sleep {WAIT_NOTICE_AFTER_S + 1}; echo ok")
+    seen: list[str] = []
+    backend = CommandBackend(timeout=30, notice=seen.append)
+    assert backend._run([slow]) == "ok\n"
+    assert len(seen) == 1 and "waiting for" in seen[0] and "giving up after 30 s" in seen[0]
+
+
+def test_a_fast_answer_says_nothing(tmp_path: Path) -> None:
+    fast = _script(tmp_path, "squeue", "echo ok")
+    seen: list[str] = []
+    assert CommandBackend(notice=seen.append)._run([fast]) == "ok\n"
+    assert seen == []
+
+
+def test_an_unreachable_controller_is_retried_aloud_then_fails(tmp_path: Path) -> None:
+    down = _script(
+        tmp_path, "sbatch", "echo 'sbatch: error: Unable to contact slurm controller' >&2; exit 1"
+    )
+    seen: list[str] = []
+    backend = CommandBackend(retries=3, backoff=0.01, notice=seen.append)
+    with pytest.raises(SlurmCommandError, match="Unable to contact slurm controller"):
+        backend._run([down])
+    assert [m.split("(")[-1] for m in seen] == ["2/3)", "3/3)"]
+    assert all("Unable to contact slurm controller" in m for m in seen)
+
+
+def test_the_deadline_holds_and_the_command_is_stopped(tmp_path: Path) -> None:
+    marker = tmp_path / "still-running"
+    hung = _script(tmp_path, "scontrol", f"sleep 30; touch {marker}")
+    seen: list[str] = []
+    backend = CommandBackend(timeout=WAIT_NOTICE_AFTER_S + 1, retries=1, notice=seen.append)
+    start = time.monotonic()
+    with pytest.raises(SlurmCommandError, match="timed out"):
+        backend._run([hung])
+    assert time.monotonic() - start < WAIT_NOTICE_AFTER_S + 10
+    assert len(seen) == 1
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_without_a_notice_nothing_changes(tmp_path: Path) -> None:
+    hung = _script(tmp_path, "scontrol", "sleep 30")
+    with pytest.raises(SlurmCommandError, match="timed out after 1s"):
+        CommandBackend(timeout=1, retries=1)._run([hung])
