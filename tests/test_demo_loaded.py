@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until
+from cpu_load import cpu_burners
 from test_control_e2e import requeues_in_journal
 
 from runtime.control.inject import inject
@@ -55,17 +53,6 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
     log_file = tmp_path / "x.err"
     log_file.write_text("start\nfthsdp: torchft_lighthouse did not listen on http://h:1\n\n")
     assert demo.last_line(log_file) == "fthsdp: torchft_lighthouse did not listen on http://h:1"
-
-
-@contextmanager
-def cpu_burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def _evictions(run_dir: Path) -> int:

@@ -233,7 +233,8 @@ DMESG_FORMS = [
 def _dmesg(args: list[str]) -> str:
     res = subprocess.run(["dmesg", *args], capture_output=True, text=True, timeout=30)
     if res.returncode != 0 or not res.stdout.strip():
-        pytest.skip(f"dmesg {' '.join(args)} not readable here: {res.stderr.strip()[:80]}")
+        why = res.stderr.strip()[:80]
+        pytest.skip(f"dmesg {' '.join(args)}: the kernel log needs root here ({why})")
     return res.stdout
 
 

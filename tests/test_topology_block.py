@@ -106,9 +106,8 @@ def _require_block() -> None:
     _require_slurm()
     version = _slurm_version()
     if version < BLOCK_SINCE:
-        pytest.skip(
-            f"Slurm {version} has no topology/block or --segment (added in {BLOCK_SINCE.release})"
-        )
+        slurm_lacks_block = f"topology/block or --segment (added in {BLOCK_SINCE.release})"
+        pytest.skip(f"Slurm {version} has no {slurm_lacks_block}")
 
 
 @pytest.fixture()
