@@ -100,13 +100,12 @@ from runtime.control.report import (
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.run_dir import TERMINAL_STATES
+from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
 
 SECRET_FILE = "secret"
 RUN_FILE = "run.json"
-JOBS_FILE = "jobs.json"
 
 
 @dataclass(frozen=True)
@@ -229,9 +228,8 @@ def load_run_settings(run_dir: Path) -> RunSettings:
     """
     settings: dict[str, Any] = {}
     lighthouse: dict[str, Any] = {}  # and total_steps, straggler: RunSettings' keyword fields
-    spec_file = run_dir / "spec.json"
-    if spec_file.exists():
-        spec = json.loads(spec_file.read_text())
+    spec = read_spec_data(run_dir)  # checked field by field: a bad file is one line, exit 2
+    if spec is not None:
         train = spec.get("train", {})
         settings["replicas"] = int(spec["replicas"]["count"])
         for key in ("min_replicas", "max_restarts_per_replica", "restart_window_s"):
@@ -263,14 +261,7 @@ def load_run_settings(run_dir: Path) -> RunSettings:
         settings.update({k: v for k, v in raw.items() if k in allowed})
     if "replicas" not in settings:
         raise InputError("RUN_DIR", str(run_dir), "a run directory with spec.json (or run.json)")
-    jobs: dict[int, str] = {}
-    jobs_file = run_dir / JOBS_FILE
-    if jobs_file.exists():
-        raw_jobs = json.loads(jobs_file.read_text()).get("replicas", {})
-        if isinstance(raw_jobs, dict):
-            jobs = {int(k): str(v) for k, v in raw_jobs.items()}
-        else:
-            jobs = {int(r["replica"]): str(r["job_id"]) for r in raw_jobs}
+    jobs = read_job_ids(run_dir) or {}
     return RunSettings(PolicyConfig(**settings), jobs, **lighthouse)
 
 
