@@ -52,6 +52,18 @@ class Decision:
     reason: str | None = None
 
 
+#: fthsdp drains that no health check can judge: a slow node passes every check, and an
+#: operator's `requeue --drain` had reasons of their own. Passing checks does not undo them.
+LEFT_TO_OPERATOR = frozenset({"straggler", "manual"})
+
+
+def drain_kind(reason: str) -> str:
+    """`straggler` for `fthsdp: straggler: node2 2.7x`; empty for a reason not ours."""
+    if not reason.startswith(DRAIN_PREFIX):
+        return ""
+    return reason[len(DRAIN_PREFIX) :].strip().split(":", 1)[0].strip()
+
+
 def decide(
     mode: str,
     suite: SuiteResult,
@@ -79,6 +91,9 @@ def decide(
         return Decision("none", "healthy")
     if not ours:
         return Decision("none", "healthy; admin drain left alone")
+    kind = drain_kind(node.reason if node is not None else "")
+    if kind in LEFT_TO_OPERATOR:
+        return Decision("none", f"healthy; a {kind} drain is the operator's to resume")
     if passes < resume_after:
         return Decision("none", f"healthy {passes}/{resume_after} before resume")
     if hold:

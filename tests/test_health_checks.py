@@ -10,7 +10,7 @@ import pytest
 
 from prolog_epilog import load_config, run_checks
 from prolog_epilog import smi_parsers as smi
-from prolog_epilog.actions import decide, job_requested_checks
+from prolog_epilog.actions import decide, drain_kind, job_requested_checks
 from prolog_epilog.checks import ecc, gpu_count, infiniband, nvlink, pcie, thermal, xid
 from prolog_epilog.checks.base import CheckResult
 from prolog_epilog.config import HealthConfig
@@ -309,9 +309,32 @@ NODE = "node1"
         (
             "healthcheck",
             True,
-            NodeInfo(NODE, "drained", ("DRAIN",), "fthsdp: xid: Xid 79"),
+            NodeInfo(NODE, "drained", ("DRAIN",), "fthsdp: prolog: xid: Xid 79 GPU3"),
             1,
             "resume",
+        ),
+        # A slow node passes every check, and an operator's drain had reasons of its own.
+        (
+            "healthcheck",
+            True,
+            NodeInfo(NODE, "drained", ("DRAIN",), "fthsdp: straggler: node1 2.7x"),
+            5,
+            "none",
+        ),
+        (
+            "healthcheck",
+            True,
+            NodeInfo(NODE, "draining", ("DRAIN",), "fthsdp: manual: bad fan"),
+            5,
+            "none",
+        ),
+        # A real fault on a straggler's node still gets the check's own reason.
+        (
+            "healthcheck",
+            False,
+            NodeInfo(NODE, "drained", ("DRAIN",), "fthsdp: straggler: node1 2.7x"),
+            0,
+            "drain",
         ),
         ("healthcheck", True, NodeInfo(NODE, "drained", ("DRAIN",), "admin: bad fan"), 5, "none"),
         ("healthcheck", True, NodeInfo(NODE, "idle"), 3, "none"),
@@ -321,6 +344,21 @@ NODE = "node1"
 def test_decide_table(mode, healthy, node, passes, action):
     suite = _suite(CheckResult("ecc", "pass" if healthy else "fail", "x", "GPU0 uncorr ECC 1"))
     assert decide(mode, suite, node, passes, 1).action == action
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("fthsdp: straggler: node2 2.7x", "straggler"),
+        ("fthsdp: manual: bad fan", "manual"),
+        ("fthsdp: xid: Xid 79 GPU7", "xid"),
+        ("fthsdp:gpu-count: 7/8 GPUs", "gpu-count"),
+        ("admin: straggler: node2", ""),
+        ("Prolog error", ""),
+    ],
+)
+def test_drain_kind(reason, kind):
+    assert drain_kind(reason) == kind
 
 
 def test_decide_requires_consecutive_passes():
