@@ -389,6 +389,41 @@ class ControlSection:
             raise InputError("control.python", self.python, "an interpreter name or path")
 
 
+#: `[train].mode`: the native API (`runtime.api.FTHSDP`) or a foreign torchft trainer whose
+#: progress the replica supervisor reads (docs/runtime.md, "Bring your own trainer").
+TRAIN_MODES = ("fthsdp", "torchft")
+#: Placeholders `[train].progress_file` may use; filled per replica group by the supervisor.
+PROGRESS_FILE_FIELDS = ("dump_dir", "replica")
+
+
+def _progress_regex(value: str) -> None:
+    if any(c in value for c in "\0\r\n"):
+        raise InputError("train.progress_regex", value, "one line (no CR, LF or NUL)")
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        raise InputError("train.progress_regex", value, f"a Python regex ({exc})") from None
+    if "step" not in compiled.groupindex:
+        raise InputError(
+            "train.progress_regex", value, "a regex with a named group (?P<step>[0-9]+)"
+        )
+
+
+def _progress_file(value: str) -> None:
+    import string
+
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError as exc:
+        raise InputError("train.progress_file", value, f"a path ({exc})") from None
+    allowed = ", ".join("{" + n + "}" for n in PROGRESS_FILE_FIELDS)
+    for name in names:
+        if name not in PROGRESS_FILE_FIELDS:
+            raise InputError("train.progress_file", value, f"a path using only {allowed}")
+    if not value.strip() or "\0" in value or "\n" in value:
+        raise InputError("train.progress_file", value, "a one-line path")
+
+
 @dataclass(frozen=True)
 class TrainSection:
     """`[train]`: the user's entry point and the fault-tolerance knobs the runtime reads."""
@@ -415,10 +450,33 @@ class TrainSection:
     #: What an eviction does with the slow node: drain it (`fthsdp: straggler: ...`), only keep
     #: this replica's job off it (exclude), or nothing but a report (report).
     straggler_mode: str = "drain"
+    #: "fthsdp" (the native API) or "torchft": `command` is a torchft trainer that knows nothing
+    #: of fthsdp; the supervisor reads its step from `progress_regex` (over group rank 0's
+    #: output, named group `step`) or `progress_file` (JSONL with a `step` field).
+    mode: str = "fthsdp"
+    progress_regex: str | None = None
+    progress_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command.strip():
             raise InputError("train.command", self.command, "a non-empty shell command")
+        if self.mode not in TRAIN_MODES:
+            raise InputError("train.mode", self.mode, f"one of {', '.join(TRAIN_MODES)}")
+        given = [k for k in ("progress_regex", "progress_file") if getattr(self, k) is not None]
+        if self.mode == "torchft" and len(given) != 1:
+            raise InputError(
+                "train.progress_regex",
+                self.progress_regex,
+                "exactly one of train.progress_regex or train.progress_file in torchft mode",
+            )
+        if self.mode != "torchft" and given:
+            raise InputError(
+                f"train.{given[0]}", getattr(self, given[0]), 'only with mode = "torchft"'
+            )
+        if self.progress_regex is not None:
+            _progress_regex(self.progress_regex)
+        if self.progress_file is not None:
+            _progress_file(self.progress_file)
         _positive("train.steps", self.steps)
         _positive("train.min_replicas", self.min_replicas)
         _positive("train.max_restarts_per_replica", self.max_restarts_per_replica, minimum=0)
