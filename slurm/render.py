@@ -17,6 +17,12 @@ the Jinja2 templates under `slurm/templates/` only lay them out and quote every 
 The trainer's `srun` line sits in the `launch_trainer` block so a supervisor can wrap it without
 touching the rest.
 
+In `[train] mode = "torchft"` the trainer's step is a foreign torchft trainer: the script
+exports its group's static identity (`foreign_env`: `REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS`,
+the dump folder, torchft's timeouts, the progress source) and runs the step with `srun --label`
+so the supervisor can tell group rank 0's lines; the supervisor adds the Lighthouse and the
+rendezvous per launch (`runtime.control.supervisor`).
+
 The Environment and compiled templates are built once per process: rendering 1000 replicas is a
 loop over a compiled template.
 """
@@ -32,6 +38,7 @@ from typing import Literal
 
 import jinja2
 
+from runtime.foreign import dump_dir
 from slurm.errors import InputError
 from slurm.spec import JobSpec
 
@@ -129,6 +136,29 @@ def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
     return env
 
 
+def foreign_env(spec: JobSpec, replica: int) -> list[tuple[str, str]]:
+    """What a foreign torchft trainer's group gets at render time (docs/runtime.md): torchft's
+    own variables (a `[job].env` entry, exported after these, overrides them) and where the
+    supervisor reads its progress."""
+    t = spec.train
+    groups = str(spec.replicas.count)
+    env = [
+        ("FTHSDP_TRAIN_MODE", t.mode),
+        ("FTHSDP_NUM_REPLICA_GROUPS", groups),
+        ("FTHSDP_DUMP_DIR", str(dump_dir(spec.run_dir, replica))),
+        ("REPLICA_GROUP_ID", str(replica)),
+        ("NUM_REPLICA_GROUPS", groups),
+        ("TORCHFT_TIMEOUT_SEC", _num(t.allreduce_timeout_s)),
+        ("TORCHFT_QUORUM_TIMEOUT_SEC", _num(t.quorum_timeout_s)),
+        ("TORCHFT_CONNECT_TIMEOUT_SEC", _num(t.join_timeout_s)),
+    ]
+    if t.progress_regex is not None:
+        env.append(("FTHSDP_PROGRESS_REGEX", t.progress_regex))
+    if t.progress_file is not None:
+        env.append(("FTHSDP_PROGRESS_FILE", t.progress_file))
+    return env
+
+
 def _shared_options(spec: JobSpec, log_stem: str, gated: bool = True) -> list[Option]:
     logs = spec.run_dir / "logs"
     j = spec.job
@@ -213,6 +243,9 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
     assert r.tasks_per_node is not None
     trainer = _srun_args(0 if het else None, r.nodes, r.tasks_per_node, r.cpus_per_task)
     trainer.append("--kill-on-bad-exit=1")
+    foreign = spec.train.mode == "torchft"
+    if foreign:
+        trainer.append("--label")  # task ids on each line: the supervisor reads task 0's
     helper = (
         _srun_args(1, r.helper.nodes, r.helper.tasks_per_node, r.helper.cpus_per_task)
         if r.helper
@@ -220,6 +253,8 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
     )
     env = runtime_env(spec)
     env.insert(1, ("FTHSDP_REPLICA_ID", str(replica)))
+    if foreign:
+        env += foreign_env(spec, replica)
     text = (
         _environment()
         .get_template("replica.sbatch.j2")
@@ -236,6 +271,7 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
             helper_srun=helper,
             trainer_srun=trainer,
             train_command=spec.train.command,
+            foreign=foreign,
             python=spec.control.python,
             run_dir=str(spec.run_dir),
         )

@@ -25,6 +25,13 @@ exit-for-requeue and requeues its own job through `slurm.backend` (a coordinator
 sees the restart count rise without its own action and does not requeue it again). The step
 gets `FTHSDP_REPLICA`, `FTHSDP_RUN_DIR`, `FTHSDP_LAUNCH` and `FTHSDP_INCARNATION` so the
 worker's reports can name the same launch.
+
+In `[train] mode = "torchft"` (`FTHSDP_TRAIN_MODE`) the step is a foreign torchft trainer that
+reports nothing: the supervisor gives each launch the Lighthouse from `control.json`
+(`TORCHFT_LIGHTHOUSE`) and a free rendezvous port on the group's first node (`MASTER_ADDR`,
+`MASTER_PORT`, `FTHSDP_RDZV_ENDPOINT`), and speaks for the group itself
+(`runtime.control.foreign_step`): progress read from the trainer's output or file, its node
+watched, leftovers of a dead step killed.
 """
 
 from __future__ import annotations
@@ -80,6 +87,11 @@ class SupervisorConfig:
     control_check_s: float = 15.0
     #: Uncounted relaunches in a row of a step that could not reach the quorum service.
     max_unreached: int = 3
+    #: "fthsdp" (native worker) or "torchft" (foreign trainer; the supervisor reports for it).
+    mode: str = "fthsdp"
+    progress_regex: str | None = None
+    progress_file: str | None = None
+    health_checks: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, run_dir: Path, replica: int, command: list[str]) -> SupervisorConfig:
@@ -100,6 +112,10 @@ class SupervisorConfig:
             restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
             nodes=hostlist.expand_hostlist(nodelist) if nodelist else [],
             control_wait_s=control_wait_s,
+            mode=env.get("FTHSDP_TRAIN_MODE") or "fthsdp",
+            progress_regex=env.get("FTHSDP_PROGRESS_REGEX") or None,
+            progress_file=env.get("FTHSDP_PROGRESS_FILE") or None,
+            health_checks=tuple(c for c in env.get("FTHSDP_HEALTH_CHECKS", "").split(",") if c),
         )
 
 
@@ -143,6 +159,16 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
     if lighthouse is not None and not _answers(lighthouse):
         return f"Lighthouse {lighthouse} not answering"
     return None
+
+
+def lighthouse_url(run_dir: Path) -> str | None:
+    """The Lighthouse address in `control.json`, or None while there is none."""
+    try:
+        data = json.loads((run_dir / "control.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("lighthouse") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def coordinator_url(run_dir: Path) -> str | None:
@@ -194,6 +220,8 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.unreached = 0
+        #: The node fault the watchdog found in the last foreign step (torchft mode).
+        self.node_fault: tuple[str, list[str]] | None = None
         self._control_job: str | None = None
         try:
             from slurm.run_dir import read_run
@@ -225,12 +253,67 @@ class Supervisor:
             FTHSDP_LAUNCH=str(self.launch),
             FTHSDP_INCARNATION=self.incarnation(),
         )
+        if c.mode == "torchft":
+            return self.run_foreign_step(env)
         self.child = subprocess.Popen(c.command, env=env)
         return self.child.wait()
+
+    def run_foreign_step(self, env: dict[str, str]) -> int:
+        """Launch a foreign torchft trainer's step and report for it (module docstring)."""
+        from runtime.control.foreign_step import ForeignLaunch, ForeignStep
+        from runtime.foreign import GroupEndpoints, dump_dir, launch_env, progress_path
+        from runtime.rendezvous import node_address, pick_port
+
+        c = self.config
+        found = lighthouse_url(c.run_dir)
+        if found is None:
+            return int(ExitCode.NO_QUORUM_SERVICE)  # the control file went away: wait again
+        host = node_address(c.nodes[0]) if c.nodes else "127.0.0.1"
+        endpoints = GroupEndpoints(found, host, pick_port(self.incarnation()))
+        env.update(launch_env(endpoints))
+        dump_dir(c.run_dir, c.replica).mkdir(parents=True, exist_ok=True)
+        progress = progress_path(c.progress_file, c.run_dir, c.replica) if c.progress_file else None
+        launch = ForeignLaunch(
+            command=list(c.command),
+            env=env,
+            progress_regex=c.progress_regex,
+            progress_file=progress,
+            health_checks=c.health_checks,
+        )
+        step = ForeignStep(launch, self._status_reporter())
+        self.child = step.start()
+        code = step.wait()
+        self.node_fault = (step.fault.reason, step.fault.evidence) if step.fault else None
+        return code
+
+    def _status_reporter(self) -> Callable[..., None] | None:
+        """A function sending this launch's status reports, or None when the run has no secret."""
+        from runtime.reporting import ReportClient
+
+        c = self.config
+        secret = c.run_dir / "secret"
+        if not secret.exists():
+            return None
+        client = ReportClient(
+            lambda: coordinator_url(c.run_dir),
+            read_secret(secret),
+            c.replica,
+            # Not the fatal report's incarnation: its seq 0 would read as a stale duplicate.
+            f"progress:{self.incarnation()}",
+            job_id=c.job_id,
+            nodes=list(c.nodes),
+        )
+        launch, restarts = self.launch, c.restarts
+
+        def report(**fields: Any) -> None:
+            client.status(launch=launch, restarts=restarts, **fields)
+
+        return report
 
     def report_failure(self, url: str, code: int) -> None:
         c = self.config
         failure, exit_code = failure_of(code)
+        fault = self.node_fault if code == ExitCode.NODE_FAULT else None
         report = ReplicaReport(
             replica=c.replica,
             incarnation=f"supervisor:{self.incarnation()}",
@@ -240,7 +323,9 @@ class Supervisor:
             nodes=c.nodes,
             failure=failure,  # type: ignore[arg-type]
             exit_code=exit_code,
-            last_error=f"step exited with {code}",
+            last_error=fault[0] if fault else f"step exited with {code}",
+            failed_node=c.nodes[0] if fault and c.nodes else None,
+            evidence=[e[:500] for e in fault[1][:16]] if fault else [],
             launch=self.launch,
             restarts=c.restarts,
         )
