@@ -164,8 +164,10 @@ class FTHSDP:
                 f"bad {OVERLAP_QUORUM_ENV}={overlap!r}: 0 or 1", ExitCode.BAD_ENV
             )
         self._overlap = overlap == "1"
-        self._mask: torch.Tensor | None = None
-        self._mask_work: Any = None
+        # this step's cross-replica gradient allreduce: done yet, and the slots it found
+        self._reduced = False
+        self._reduce_queued = False
+        self._contrib: list[int] | None = None
         self._quorum_error: Exception | None = None
         self._heal_snapshot: dict[str, Any] | None = None
         self._step_times: list[float] = []
@@ -213,18 +215,17 @@ class FTHSDP:
             world_size=env.world_size,
             timeout=timedelta(seconds=env.timeouts.join_s),
         )
-        from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
         allreduce = timedelta(seconds=env.timeouts.allreduce_s)
         pg = ProcessGroupNCCL(timeout=allreduce) if self.backend == "nccl" else None
         self._ft_pg = pg if pg is not None else ProcessGroupGloo(timeout=allreduce)
-        self.manager = Manager(
+        self.manager = _manager_class()(
             pg=self._ft_pg,
             load_state_dict=None,
             state_dict=None,
             min_replica_size=env.min_replicas,
-            use_async_quorum=True,
+            use_async_quorum=False,
             timeout=allreduce,
             quorum_timeout=timedelta(seconds=env.timeouts.quorum_s),
             connect_timeout=timedelta(seconds=env.timeouts.quorum_s),
@@ -305,12 +306,20 @@ class FTHSDP:
         the fault-tolerant allreduce across replicas.
 
         `blocks` are the submodules to shard as their own units (transformer blocks); by default
-        every direct child that holds parameters. The root is sharded last.
+        every direct child that holds parameters. The root is sharded last. A replica of one rank
+        has nothing to shard: its model stays a plain module (FSDP there would only copy each
+        parameter and gradient once more per step) and its gradients take the same allreduce.
         """
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         model = model.to(self.device)
+        self.model = model
+        if self.env.world_size == 1:
+            for param in model.parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(lambda _: self._queue_reduce())
+            return model
         mesh = init_device_mesh(self.device.type, (self.env.world_size,), mesh_dim_names=("shard",))
         units = (
             list(blocks)
@@ -320,19 +329,19 @@ class FTHSDP:
         for unit in units:
             fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        manager = self.manager
-        timer = self._timer
-
-        def all_reduce_hook(grad: torch.Tensor) -> None:
-            with timer.waiting():
-                self._contribute()
-                manager.allreduce(grad).wait()
-
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                module.set_all_reduce_hook(all_reduce_hook)
-        self.model = model
+                # called per unit after its reduce-scatter
+                module.set_all_reduce_hook(lambda _: self._queue_reduce())
         return model
+
+    def _queue_reduce(self) -> None:
+        """During backward: have the gradients cross replicas in ONE allreduce once backward is
+        over (torchft's DDP has one bucket for such a model), not one per unit. Autograd runs the
+        callback after FSDP's own end-of-backward callback, queued before any unit's hook."""
+        if not self._reduce_queued:
+            self._reduce_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce_after_backward)
 
     def optimizer(self, optim: torch.optim.Optimizer) -> FTOptimizer:
         """Wrap an optimizer: `step()` runs only if the replica's commit vote passes."""
@@ -407,6 +416,19 @@ class FTHSDP:
         if self._first_quorum:
             self._first_quorum = False
             self._event("joined", step=self.manager.current_step())
+        self._apply_heal()
+
+    def _apply_heal(self) -> None:
+        """After a waited quorum that made this replica heal: load the fetched state now, before
+        the step takes data and runs forward, so the replica trains its slot in this very step
+        (torchft's synchronous-quorum healing). Every replica counts every quorum member as a
+        participant (`_manager_class`). A failed fetch leaves the replica healing (it
+        contributes zeros and the step is voted down)."""
+        m = self.manager
+        if m._healing and m.errored() is None:
+            m._apply_pending_state_dict()
+            m._healing = False
+            self._event("healed", step=m.current_step())
 
     def _await_quorum(self) -> bool:
         """Wait for an overlapped quorum; False (and the step is voted down) if it failed."""
@@ -420,40 +442,71 @@ class FTHSDP:
             self.manager.report_error(exc)
             return False
 
-    def _contribute(self) -> None:
-        """Once per step, after the quorum: allreduce this replica's one-hot slot (torchft zeroes
-        it when the replica is not participating), so every replica learns which units were
-        trained. Issued before the first gradient allreduce, waited at the commit."""
-        if self._mask_work is not None or not self._await_quorum():
-            return
+    def _reduce_after_backward(self) -> None:
+        """Autograd's end-of-backward callback (`_queue_reduce`): every gradient (shard) is in
+        `param.grad` by now."""
+        self._reduce_queued = False
+        self._reduce_grads()
+
+    def _reduce_grads(self) -> list[int] | None:
+        """The step's ONE cross-replica allreduce: every gradient shard of this rank and this
+        replica's one-hot slot, flattened into one buffer (torchft zeroes all of it when the
+        replica does not participate). Afterwards `param.grad` holds the average over the
+        quorum's participants, as after torchft's DDP, and every replica knows which slots
+        trained. Returns those slots; None when the allreduce failed or they do not match the
+        quorum (then the step is voted down: the average divides by the participants, so they
+        must be exactly the contributors).
+
+        A second backward in the step (gradient accumulation) reduces again: the participants
+        all hold the same average from the first, so the new average adds the mean of the new
+        gradients to it, exactly.
+        """
+        self._reduced = True
+        self._contrib = None
+        if not self._await_quorum():
+            return None
         from torch.distributed import ReduceOp
 
-        mask = torch.zeros(self.env.num_replicas, dtype=torch.float32, device=self.device)
-        mask[self.env.replica_id] = 1.0
-        self._mask = mask
-        self._mask_work = self.manager.allreduce(mask, reduce_op=ReduceOp.SUM)
-
-    def _contributors(self) -> list[int] | None:
-        """The slots that trained this step, once `_contribute`'s allreduce is done; None when
-        it failed or does not match the quorum (then the step is voted down: the gradient
-        average divides by the participants, so they must be exactly the contributors)."""
-        self._contribute()
-        if self._mask_work is None or self._mask is None:
-            return None
-        self._mask_work.wait()
-        if self.manager.errored() is not None:
-            return None
-        slots = [i for i, v in enumerate(self._mask.tolist()) if v > 0.5]
-        if len(slots) != self.manager.num_participants() or any(
-            abs(v - round(v)) > 1e-3 or v > 1.5 for v in self._mask.tolist()
-        ):
-            self.manager.report_error(
-                RuntimeError(
-                    f"contributing slots {slots} do not match the quorum's "
-                    f"{self.manager.num_participants()} participants"
+        assert self.model is not None
+        grads = []
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:  # same buffer layout on every replica
+                    p.grad = torch.zeros_like(p)
+                grads.append(_local(p.grad))
+            dtypes = {g.dtype for g in grads}
+            dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+            n = sum(g.numel() for g in grads)
+            slots_n = self.env.num_replicas
+            flat = torch.empty(n + slots_n, dtype=dtype, device=self.device)
+            offset = 0
+            for g in grads:
+                flat[offset : offset + g.numel()].copy_(g.reshape(-1))
+                offset += g.numel()
+            flat[n:].zero_()
+            flat[n + self.env.replica_id] = 1.0
+            with self._timer.waiting():
+                self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+            if self.manager.errored() is not None:
+                return None
+            counts = flat[n:].tolist()
+            slots = [i for i, v in enumerate(counts) if v > 0.5]
+            k = self.manager.num_participants()
+            if k < 1 or len(slots) != k or any(abs(v - round(v)) > 1e-3 or v > 1.5 for v in counts):
+                self.manager.report_error(
+                    RuntimeError(
+                        f"contributing slots {slots} do not match the quorum's {k} participants"
+                    )
                 )
-            )
-            return None
+                return None
+            flat[:n].div_(k)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        self._contrib = slots
         return slots
 
     def _wait_out_control_restart(self, exc: Exception, give_up: float) -> None:
@@ -509,7 +562,9 @@ class FTHSDP:
             return None
         while True:
             self._check_watchdog()
-            self._mask = self._mask_work = self._quorum_error = None
+            self._quorum_error = None
+            self._reduced = self._reduce_queued = False
+            self._contrib = None
             if self._overlap_next and self.manager.current_step() - 1 < self.env.steps:
                 # steady state: this replica just committed with the others, so the quorum
                 # will find it at the max step, in a training step; it completes meanwhile
@@ -584,7 +639,9 @@ class FTHSDP:
             self._inject = None
             self.manager.report_error(RuntimeError("injected vote 'no' (test hook)"))
         compute_s = self._measure_compute(plan)
-        contributors = self._contributors()
+        # no backward in this step (or no unit's hook ran): reduce now, so every replica issues
+        # the same allreduces
+        contributors = self._contrib if self._reduced else self._reduce_grads()
         if self._quorum_error is None:
             plan.step = self.manager.current_step() - 1  # moved if this replica heals
             if not 0 <= plan.step < self.env.steps:
@@ -627,8 +684,8 @@ class FTHSDP:
             self._step_times.append(step_s)
             self._saver = contributors[0] == self.env.replica_id
         elif ok:
-            # committed without knowing the contributors: the mask allreduce failed after the
-            # vote could see it, which torchft's error tracking rules out; never guess
+            # committed without knowing the contributors: the allreduce failed after the vote
+            # could see it, which torchft's error tracking rules out; never guess
             raise FatalWorkerError(
                 "step committed without its contributing slots", ExitCode.PROCESS_FAULT
             )
@@ -884,3 +941,47 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: _to_device(v, device) for k, v in batch.items()}
     return batch
+
+
+def _manager_class() -> type:
+    """torchft's Manager with synchronous-quorum participation and an asynchronous start.
+
+    Every quorum member counts as a participant (torchft's `use_async_quorum=False`), so a replica
+    that heals at a waited quorum trains in that same step, while `start_quorum` still returns at
+    once and the quorum overlaps forward and backward. A replica that finds itself behind at an
+    overlapped quorum has already run forward on its old state: it stays "healing", torchft zeroes
+    its contribution and the slot count votes the step down for everyone; it loads the state at
+    the vote and is in step at the next quorum.
+    """
+    from torchft.manager import Manager
+
+    class _Manager(Manager):
+        def start_quorum(
+            self,
+            allow_heal: bool = True,
+            shrink_only: bool = False,
+            timeout: timedelta | None = None,
+        ) -> None:
+            # torchft's start_quorum without its wait for a synchronous quorum
+            previous: Any = self._quorum_future  # type: ignore[has-type]
+            if previous is not None:
+                previous.result()
+            self._errored = None
+            self._healing = False
+            self._quorum_future = self._executor.submit(
+                self._async_quorum,
+                allow_heal=allow_heal,
+                shrink_only=shrink_only,
+                quorum_timeout=timeout or self._quorum_timeout,
+                curr_device=(
+                    torch.accelerator.current_device_index()
+                    if torch.accelerator.is_available()
+                    else -1
+                ),
+            )
+
+        def is_participating(self) -> bool:
+            # torchft asserts an asynchronous quorum when healing; here healing = not in step
+            return self._participating_replica_rank is not None and not self._healing
+
+    return _Manager

@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchft")
 
+from runtime import ledger  # noqa: E402
 from runtime.local_launcher import LaunchConfig, LocalLauncher, RunSummary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,11 +104,16 @@ def test_kill9_one_replica_mid_run(tmp_path: Path) -> None:
     ]
     assert len(solo) >= 3 and solo == sorted(solo), (failure, ev0)
     assert summary.max_healthy_stall_s < 5.0
-    # the restarted incarnation healed mid-run (zero-gradient step) and then participated
+    # the restarted incarnation healed mid-run at its first quorum and trained its own slot in
+    # that same step: its first commit is the healed step, with both replicas participating
     restarted = [e for e in events(tmp_path, 1) if e["t"] > failure["t_restart"]]
+    healed = [e for e in restarted if e["event"] == "healed"]
     commits = [e for e in restarted if e["event"] == "commit"]
-    assert commits[0]["healing"] and commits[0]["step"] > 5
-    assert not commits[-1]["healing"]
+    assert healed and healed[0]["step"] > 6, restarted
+    assert commits[0]["step"] == healed[0]["step"] - 1
+    assert not commits[0]["healing"] and commits[0]["participants"] == 2
+    recs = ledger.read_log([tmp_path / "ledger" / "r1.jsonl"])
+    assert 1 in next(r.contributors for r in recs if r.step == commits[0]["step"])
 
 
 @pytest.mark.timeout(240)
@@ -127,12 +133,15 @@ def test_commit_vote_no_in_one_rank(tmp_path: Path) -> None:
     assert [e["step"] for e in aborted] == [4]
     # the leader (rank 0) itself had no error: the "no" came from rank 1 through the vote
     assert aborted[0]["error"] is None
+    # replica 0 moved on to step 5; replica 1 heals from it at the next quorum and trains its
+    # slot of step 5 in that same step
     after = ev1[ev1.index(aborted[0]) + 1]
-    assert after["event"] == "commit" and after["healing"]
+    assert after["event"] == "commit" and after["step"] == 5, ev1
+    assert not after["healing"] and after["participants"] == 2
+    healed = [e for e in events(tmp_path, 1) if e["event"] == "healed" and e["step"] == 6]
+    assert healed and healed[0]["t"] < after["t"]
     assert not any(e["event"] == "abort" for e in events(tmp_path, 0))
     # replica 1's records skip the aborted step; replica 0's cover it (both slots committed)
-    from runtime import ledger
-
     recs = ledger.read_log([tmp_path / "ledger" / "r1.jsonl"])
     assert 4 not in {r.step for r in recs if r.lo is not None}
 
