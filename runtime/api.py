@@ -14,24 +14,27 @@ What each piece maps to (the paper's protocol, torchft's mechanism):
 * per-step quorum, off the critical path: `ft.data` starts torchft's `Manager.start_quorum` at
   the top of each step and yields this replica's batch at once: the data ledger
   (`runtime.ledger`) decides it from the committed state and the replica id alone, not from the
-  participants. The quorum completes while the forward pass runs (torchft's first allreduce waits
-  for it, as its own DDP wrapper does). A one-hot allreduce tells every replica which slots
-  contributed; units of the others are re-issued at later steps. The quorum is waited up front
-  only where the step's kind depends on it: a worker's first quorum, after an aborted step, and
-  the final sync step.
+  participants. The quorum completes while the forward pass runs (the gradient allreduce waits
+  for it, as in torchft's own DDP wrapper). The replica's one-hot slot rides in the same
+  allreduce, so every replica learns which slots contributed; units of the others are re-issued
+  at later steps. The quorum is waited up front only where the step's kind depends on it: a
+  worker's first quorum, after an aborted step, and the final sync step.
 * HSDP: `fully_shard` on the replica's own 1-D mesh (the shard dimension: the ranks of one
   replica, gloo on CPU, NCCL on CUDA). The replicate dimension is torchft's reconfigurable process
-  group: every FSDP module's all-reduce hook hands its reduce-scattered gradient shard to
+  group: once backward is over, all of a rank's reduce-scattered gradient shards go through ONE
   `Manager.allreduce`, which averages over the quorum's participants and survives a peer's death
-  (the paper's FTAR). This is how torchtitan wires torchft into FSDP2.
+  (the paper's FTAR), as torchft's DDP does with its bucket. A one-rank replica keeps a plain
+  module (nothing to shard).
 * commit vote: `opt.step()` calls `Manager.should_commit()`: every rank of the replica votes,
   the replica leader's manager server decides "all yes"; on "no" nothing is stepped and the
   replica redoes the step (it heals from a peer at the next quorum if the others moved on).
-* non-blocking catch-up: a replica behind the quorum's max step fetches the committed state from a
-  healthy peer over torchft's checkpoint transport during the step, contributes zero gradients,
-  and is in step after the commit. The state it fetches is `FTHSDP._heal_state`: local shards only
-  (a `full_tensor()` there would be a collective on the transport thread, docs/design-facts.md,
-  torchft trap 1), written back into the parameters' local shards (trap 2).
+* catch-up: a replica behind the quorum's max step fetches the committed state from a healthy
+  peer over torchft's checkpoint transport. It waited for that quorum (its first, or the one
+  after an aborted step), so it loads the state before its forward pass and trains its slot in
+  that same step; the others' quorum stays overlapped. The state it fetches is
+  `FTHSDP._heal_state`: local shards only (a `full_tensor()` there would be a collective on the
+  transport thread, docs/design-facts.md, torchft trap 1), written back into the parameters'
+  local shards (trap 2).
 * steps whose quorum max step is 0 or past the last step are data-free *sync steps*: at step 0
   torchft heals every non-primary replica from the primary (`init_sync`) and at the end a lagging
   replica heals from a finished one; no replica takes data or steps the optimizer there, so the

@@ -14,9 +14,9 @@ samples, decided by the committed state alone:
 * units are handed out pending first, then fresh from the cursor, to the slots that contributed
   last time first (so a re-issued unit goes to a replica likely alive), then the others, each group
   in slot order;
-* when a step commits, the units of the slots that contributed (the replicas at the quorum's max
-  step, which the worker learns from a one-hot allreduce) are trained; every other unit (a missing,
-  healing or just-joined replica's) goes back to pending, oldest sample first.
+* when a step commits, the units of the slots that contributed (the quorum's participants, which
+  the worker learns from a one-hot slot riding in the gradient allreduce) are trained; every other
+  unit (a missing or failed replica's) goes back to pending, oldest sample first.
 
 Pending never holds more than one unit per slot, the committed units never overlap, and together
 with the final pending units they tile the stream from where the run started: every sample exactly

@@ -4,7 +4,7 @@ Straggler detection needs each replica's *own* compute time per step: forward, b
 local reduce-scatter, without the time spent waiting in the cross-replica allreduce. In FT-HSDP
 a healthy replica waits for a slow one inside that allreduce, so its plain step time looks as
 slow as the straggler's; subtracting the wait separates the replica that is slow from the ones
-that wait for it. `StepTimer` accumulates the wait (the FSDP all-reduce hook runs inside
+that wait for it. `StepTimer` accumulates the wait (the cross-replica gradient allreduce runs inside
 `waiting()`); compute is the rest of the step.
 
 `SlowFault` is the simulated gray failure used by tests, demos and benchmarks: a rank whose
