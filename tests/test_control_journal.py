@@ -7,6 +7,7 @@ every call, so the test can count `scontrol requeue`s exactly.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -278,3 +279,141 @@ def test_kill_9_during_compaction_loses_no_decision(tmp_path: Path) -> None:
             journal.close()
         assert _decisions(path) == decisions
     assert interrupted >= 1, "no kill landed inside a compaction"
+
+
+# -- group commit ----------------------------------------------------------------------------
+
+_GROUP_CHILD = """
+import asyncio, sys
+from pathlib import Path
+from runtime.control.journal import GroupWriter, Journal, transient
+from runtime.control.policy import PolicyConfig, RunState, step
+sys.path.insert(0, sys.argv[2])
+from test_control_journal import JOB_IDS, REPLICAS, _traffic
+
+async def main() -> None:
+    journal = Journal(Path(sys.argv[1]))
+    writer = GroupWriter(journal)
+    state = RunState.new(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+    for i, ev in enumerate(_traffic(10**9)):
+        state, actions = step(state, ev)
+        durable = not transient(ev, actions)
+        seq, _, done = writer.record(ev, actions, nonce=f"{i:032x}", durable=durable)
+        if done is not None:
+            await done
+            print("durable", seq, flush=True)
+        elif i % 50 == 0:
+            await asyncio.sleep(0)  # let commits land, as the coordinator's loop does
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_under_group_commit_keeps_a_prefix_with_every_acknowledged_decision(
+    tmp_path: Path,
+) -> None:
+    """A real child process writes reports through the group writer (status reports not
+    awaited, decisions awaited) and is SIGKILLed mid-stream: the journal holds events 1..N
+    without a gap (a prefix of what was applied), every decision it acknowledged is there,
+    and replaying it gives the state the same events give."""
+    path = tmp_path / "control.sqlite"
+    here = str(Path(__file__).resolve().parent)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _GROUP_CHILD, str(path), here],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(here).parent)),
+    )
+    acked: list[int] = []
+    try:
+        assert child.stdout is not None
+        while len(acked) < 4:
+            line = child.stdout.readline()
+            assert line.startswith("durable "), line
+            acked.append(int(line.split()[1]))
+        child.send_signal(signal.SIGKILL)
+        for line in child.stdout:
+            acked.append(int(line.split()[1]))  # acknowledged before the kill landed
+    finally:
+        child.kill()
+        child.wait(30)
+    journal = Journal(path)
+    try:
+        journal.check()
+        events = journal.events()
+        seqs = [seq for seq, _ in events]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert set(acked) <= set(seqs)
+        state, _, last = journal.rebuild(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        expected = RunState.new(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        for ev in list(_traffic(last)):
+            expected, _ = step(expected, ev)
+        assert state.to_dict() == expected.to_dict()
+    finally:
+        journal.close()
+
+
+def test_group_writer_batches_ids_nonces_and_refuses_after_a_failed_commit(
+    tmp_path: Path,
+) -> None:
+    """Ids are handed out in queue order and commits are grouped; a nonce is a replay while
+    queued and after its commit; a commit that fails (a table gone) fails its waiters, and
+    every later write is refused with `JournalUnavailable`, never committed after the gap."""
+    from runtime.control.journal import GroupWriter, JournalUnavailable, transient
+
+    path = tmp_path / "control.sqlite"
+
+    async def scenario() -> dict[str, object]:
+        journal = Journal(path)
+        writer = GroupWriter(journal)
+        out: dict[str, object] = {}
+        with pytest.raises(RuntimeError):
+            journal.record(Tick(1.0), [])  # the writer owns the ids now
+        state = RunState.new(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        seqs, futures = [], []
+        for i, ev in enumerate(_traffic(5200)):
+            state, actions = step(state, ev)
+            seq, stored, done = writer.record(
+                ev, actions, nonce=f"{i:032x}", durable=not transient(ev, actions)
+            )
+            seqs.append(seq)
+            if done is not None:
+                futures.append((done, stored))
+        with pytest.raises(KeyError):
+            writer.record(Tick(2.0), [], nonce=f"{5100:032x}")  # queued, not committed yet
+        await asyncio.gather(*(f for f, _ in futures))
+        await writer.flush()
+        with pytest.raises(KeyError):
+            writer.record(Tick(2.0), [], nonce=f"{5:032x}")  # committed
+        out["seqs"] = seqs
+        out["commits"] = writer.commits
+        out["decided"] = [s.id for _, stored in futures for s in stored]
+        # A real failure: the attempts table vanishes under the writer.
+        other = sqlite3.connect(path)
+        other.execute("DROP TABLE attempts")
+        other.commit()
+        other.close()
+        first = writer.attempt(1, "started")
+        with pytest.raises(JournalUnavailable):
+            await first
+        with pytest.raises(JournalUnavailable):
+            writer.record(Tick(3.0), [])
+        out["rows_after"] = journal.last_seq()
+        await writer.close()
+        journal.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["seqs"] == list(range(1, 5201))
+    assert isinstance(out["commits"], int) and out["commits"] < 5200  # grouped
+    decided = out["decided"]
+    assert isinstance(decided, list) and decided == list(range(1, len(decided) + 1))
+    assert out["rows_after"] == 5200
+    journal = Journal(path)
+    try:
+        _, _, last = journal.rebuild(PolicyConfig(replicas=REPLICAS), JOB_IDS)
+        assert last == 5200
+        assert [s.id for s in journal.actions()] == decided
+    finally:
+        journal.close()

@@ -61,7 +61,13 @@ from runtime.control.guard import (
     one_request_per_connection,
     raise_open_files,
 )
-from runtime.control.journal import Journal, StoredAction
+from runtime.control.journal import (
+    GroupWriter,
+    Journal,
+    JournalUnavailable,
+    StoredAction,
+)
+from runtime.control.journal import transient as transient_event
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
@@ -133,6 +139,10 @@ class CoordinatorConfig:
     metrics_token: str | None = None
     #: Snapshot and compact the journal after this many events (None: 1,000 or 4 per replica).
     compact_every: int | None = None
+    #: A report is answered 503 (Retry-After) at once, before its signature is checked, while
+    #: the event loop runs this many seconds late or a journal write waits this long: a leader
+    #: (2 s timeout) would give up on it anyway, and shedding it drains the backlog.
+    max_queue_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,10 @@ class Coordinator:
         self.journal.check()
         self.state, open_actions, self._seq = self.journal.rebuild(config.policy, config.job_ids)
         self._open = open_actions
+        #: Group commit of the journal (created by `start`, on the running loop).
+        self.writer: GroupWriter | None = None
+        #: How late the event loop ran its last timer (seconds; `_watch_lag`).
+        self.loop_lag_s = 0.0
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
@@ -334,36 +348,83 @@ class Coordinator:
     async def submit(self, event: Event, nonce: str | None = None, always: bool = True) -> bool:
         """Apply an event: journal it with its decision, then start the Slurm actions.
 
-        With `always=False` an event that changes nothing is not journaled (ticks, polls).
-        Returns False if the nonce was a replay.
+        The event goes into the journal's next group commit. Anything but a status report that
+        decided nothing is awaited until it is durable, so a decision is answered and acted on
+        only once it is on disk. With `always=False` an event that changes nothing is not
+        journaled (ticks, polls). Returns False if the nonce was a replay; `JournalUnavailable`
+        when the journal cannot be written.
         """
+        writer = self.writer
+        if writer is None:
+            raise RuntimeError("Coordinator.start() was not called")
         async with self._lock:
-            new, actions = step(self.state, event)
-            if not always and not actions and _same(new, self.state):
+            old = self.state
+            new, actions = step(old, event)
+            if not always and not actions and _same(new, old):
                 return True
             try:
-                seq, stored = self.journal.record(event, actions, nonce)
+                seq, stored, committed = writer.record(
+                    event, actions, nonce, durable=not transient_event(event, actions)
+                )
             except KeyError:
                 return False
             self.state = new
             self._seq = seq
-            self.stragglers.account(new, time.monotonic())
-            self.stragglers.on_actions(actions, time.monotonic())
+            changed = _changed(old, new, event)
+            now = time.monotonic()
+            self.stragglers.note_changed(old, new, changed)
+            self.stragglers.account(new, now, changed)
+            self.stragglers.on_actions(actions, now)
             self._since_compact += 1
             if self._since_compact >= self.compact_every:
                 self.compact()
+        if committed is not None:
+            await committed
         slurm = [s for s in stored if isinstance(s.action, SLURM_ACTIONS)]
         if slurm:
             self._spawn(self._carry_out(slurm))
         return True
 
-    def compact(self) -> int:
-        """Snapshot the state and drop the status reports it covers (see the journal)."""
+    def compact(self) -> None:
+        """Snapshot the state and drop the status reports it covers (see the journal); queued
+        behind every event it covers, so it lands in their commit or a later one."""
         self._since_compact = 0
-        dropped = self.journal.compact(self.state, self._seq)
+        assert self.writer is not None
+        done = self.writer.compact(self.state, self._seq)
+        upto = self._seq
+
+        def logged(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                log.debug("journal compacted at event %d: %d reports dropped", upto, f.result())
+
+        done.add_done_callback(logged)
         self._prune_reads()
-        log.debug("journal compacted at event %d: %d reports dropped", self._seq, dropped)
-        return dropped
+
+    async def attempt(self, action_id: int, outcome: str, detail: str = "") -> None:
+        """Journal one attempt at a Slurm action; returns once it is durable."""
+        assert self.writer is not None
+        await self.writer.attempt(action_id, outcome, detail)
+
+    async def flush(self) -> None:
+        """Return once every event applied so far is in the journal on disk."""
+        if self.writer is not None:
+            await self.writer.flush()
+
+    def admission(self) -> float | None:
+        """Seconds a report should wait before it is sent again, when it would only queue
+        (see `CoordinatorConfig.max_queue_s`); None when it is taken."""
+        backlog = self.writer.backlog_s() if self.writer is not None else 0.0
+        late = max(self.loop_lag_s, backlog)
+        if late <= self.config.max_queue_s:
+            return None
+        return min(30.0, max(1.0, 2 * late))
+
+    async def _watch_lag(self, every_s: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(every_s)
+            self.loop_lag_s = max(0.0, loop.time() - start - every_s)
 
     def read_nonce_seen(self, nonce: str) -> bool:
         return nonce in self._read_nonces
@@ -406,6 +467,8 @@ class Coordinator:
         task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
+        if self.writer is None:
+            self.writer = GroupWriter(self.journal)
         await self.submit(CoordinatorStarted(self.clock()))
         if self._open:
             log.info("resuming %d open Slurm actions from the journal", len(self._open))
@@ -415,6 +478,7 @@ class Coordinator:
             for group in by_event.values():
                 self._spawn(self._carry_out(group))
         self._spawn(self._timer(self.config.tick_s, self._tick))
+        self._spawn(self._watch_lag())
         if self.config.poll_jobs:
             self._spawn(self._timer(self.config.poll_s, self._poll))
 
@@ -424,6 +488,9 @@ class Coordinator:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.writer is not None:
+            await self.writer.close()  # commits what is queued
+            self.writer = None
         self.journal.close()
 
     async def _timer(self, interval: float, fn: Callable[[], Any]) -> None:
@@ -473,7 +540,7 @@ class Coordinator:
             if isinstance(action, Release) and action.delay_s > 0:
                 await asyncio.sleep(action.delay_s)
             resumed = stored.status == "started"
-            self.journal.attempt(stored.id, "started", "resumed after restart" if resumed else "")
+            await self.attempt(stored.id, "started", "resumed after restart" if resumed else "")
             for attempt in range(self.config.action_retries):
                 try:
                     outcome, detail = await loop.run_in_executor(
@@ -482,22 +549,22 @@ class Coordinator:
                 except (InputError, EnvironmentProblem) as exc:
                     # Refused before Slurm was asked (a bad node name, Slurm not usable):
                     # retrying cannot help.
-                    self.journal.attempt(stored.id, "failed", str(exc))
+                    await self.attempt(stored.id, "failed", str(exc))
                     log.error("giving up on %s: %s", action, exc)
                     break
                 except SlurmCommandError as exc:
                     if attempt + 1 >= self.config.action_retries or not transient(exc):
-                        self.journal.attempt(stored.id, "failed", str(exc))
+                        await self.attempt(stored.id, "failed", str(exc))
                         log.error("giving up on %s: %s", action, exc)
                         break
-                    self.journal.attempt(stored.id, "retry", str(exc))
+                    await self.attempt(stored.id, "retry", str(exc))
                     delay = min(
                         self.config.action_backoff_s * 2**attempt,
                         self.config.action_backoff_max_s,
                     )
                     await asyncio.sleep(delay)
                 else:
-                    self.journal.attempt(stored.id, outcome, detail)
+                    await self.attempt(stored.id, outcome, detail)
                     break
 
     def _execute(self, action: Any, resumed: bool) -> tuple[str, str]:
@@ -547,6 +614,14 @@ class Coordinator:
             await self.submit(event)
 
 
+def _changed(old: RunState, new: RunState, event: Event) -> list[int] | None:
+    """The replicas whose state `event` changed, for a report (None: any may have)."""
+    if not isinstance(event, ReportReceived):
+        return None
+    k = event.report.replica
+    return [k] if new.replicas.get(k) is not old.replicas.get(k) else []
+
+
 def _same(a: RunState, b: RunState) -> bool:
     """Equal states, compared field by field (no dict conversion: a 1,000-replica run ticks
     every second, and polls compare once per job)."""
@@ -577,10 +652,17 @@ class _Refused(Exception):
         self.reason = reason
 
 
-def _refuse(coord: Coordinator, request: web.Request, status: int, reason: str) -> web.Response:
+def _refuse(
+    coord: Coordinator,
+    request: web.Request,
+    status: int,
+    reason: str,
+    retry_after_s: float | None = None,
+) -> web.Response:
     """Answer a refusal; it is counted in memory only (no journal row, no fsync)."""
     coord.refusals.add(f"{status} {request.path}", reason, request.remote)
-    return web.json_response({"error": reason}, status=status)
+    headers = {"Retry-After": str(round(retry_after_s))} if retry_after_s is not None else None
+    return web.json_response({"error": reason}, status=status, headers=headers)
 
 
 async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[str, str, bytes]:
@@ -670,6 +752,10 @@ async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaRe
 
 async def post_report(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR_KEY]
+    retry = coord.admission()
+    if retry is not None:
+        # Before anything else: a report that would only queue costs one cheap answer.
+        return _refuse(coord, request, 503, "coordinator busy", retry)
     try:
         key_id, nonce, body = await _signed(request, coord, "replica")
         try:
@@ -689,8 +775,11 @@ async def post_report(request: web.Request) -> web.Response:
         report = await _checked_nodes(coord, report)
     except _Refused as exc:
         return _refuse(coord, request, exc.status, exc.reason)
-    if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
-        return _refuse(coord, request, 409, "replayed nonce")
+    try:
+        if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
+            return _refuse(coord, request, 409, "replayed nonce")
+    except JournalUnavailable as exc:
+        return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
     await coord.after_report(report)
     r = coord.state.replicas[report.replica]
     return web.json_response({"ok": True, "directive": r.directive, "phase": r.phase})
@@ -721,8 +810,11 @@ async def post_requeue(request: web.Request) -> web.Response:
     except _Refused as exc:
         return _refuse(coord, request, exc.status, exc.reason)
     event = OperatorRequeue(req.replica, coord.clock(), req.drain, req.reason[:80])
-    if not await coord.submit(event, nonce=nonce):
-        return _refuse(coord, request, 409, "replayed nonce")
+    try:
+        if not await coord.submit(event, nonce=nonce):
+            return _refuse(coord, request, 409, "replayed nonce")
+    except JournalUnavailable as exc:
+        return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
     return web.json_response({"ok": True, "job_id": coord.state.replicas[req.replica].job_id})
 
 

@@ -23,6 +23,17 @@ every Slurm action). Nonces older than twice the clock-skew window can no longer
 (the signature check refuses them as stale) and are dropped too. A `kill -9` during a compaction
 rolls the whole transaction back: the snapshot and the deletions land together or not at all.
 
+**Group commit.** A coordinator at 1,000 reports/s cannot pay one fsync per report on its event
+loop. It writes through a `GroupWriter`: one thread with its own connection commits whatever
+was queued since its last commit in one transaction (one fsync per batch). Sequence numbers and
+action ids are given out when an event is queued, so the commit order is the queue order and
+the journal on disk is always a prefix of what the coordinator applied. What the coordinator
+acts on (a decision, a Slurm action, an attempt) is answered or carried out only once its batch
+is durable; a status report that decided nothing is acknowledged without waiting: a crash loses
+at most the last few milliseconds of those, and each replica's next report replaces them. A
+failed commit stops the writer for good (nothing after a gap is ever committed) and every later
+write raises `JournalUnavailable`.
+
 Refused requests are not stored here (they cost an unauthenticated sender nothing durable; the
 coordinator counts them in memory). `rejections` is still read for journals of older versions.
 A record this version cannot read (written by an older one) is skipped with one log line when
@@ -32,14 +43,18 @@ file that is not a database raise `JournalCorrupt`, which names the file and wha
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import json
 import logging
 import os
+import queue
 import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +127,8 @@ CREATE TABLE IF NOT EXISTS rejections (
 OPEN_STATES = ("decided", "started")
 #: Nonces are kept this long (seconds): a request signed earlier is refused as stale anyway.
 NONCE_KEEP_S = 2 * MAX_CLOCK_SKEW_S
+#: How long a connection waits for another's write lock before it fails.
+BUSY_TIMEOUT_MS = 10_000
 
 
 class JournalCorrupt(RunFileError):
@@ -156,7 +173,10 @@ class Journal:
         tests, never for a coordinator (a crash could lose committed decisions).
         """
         self.path = path
+        self.durable = durable
         self._lock = threading.Lock()
+        #: Set while a `GroupWriter` owns the writes (it hands out the ids).
+        self.writer: GroupWriter | None = None
         if not path.exists():
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         elif stat.S_IMODE(path.stat().st_mode) & 0o077 and os.access(path, os.W_OK):
@@ -165,6 +185,7 @@ class Journal:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
+            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             # Bound the WAL file: a compaction frees pages the next writes reuse.
             self._db.execute("PRAGMA journal_size_limit=8388608")
             self._db.executescript(_SCHEMA)
@@ -216,8 +237,11 @@ class Journal:
     ) -> tuple[int, list[StoredAction]]:
         """Store an event, its nonce and the actions decided for it, atomically.
 
-        Raises `KeyError` (and stores nothing) if the nonce was seen before.
+        Raises `KeyError` (and stores nothing) if the nonce was seen before. Not while a
+        `GroupWriter` is attached: it hands out the sequence numbers then.
         """
+        if self.writer is not None:
+            raise RuntimeError("the journal is written through its GroupWriter")
         now = time.time() if now is None else now
         payload = event_to_dict(event)
         replica = _replica_of(payload)
@@ -228,12 +252,15 @@ class Journal:
                     db.execute("INSERT INTO nonces VALUES (?, ?)", (nonce, now))
                 except sqlite3.IntegrityError:
                     raise KeyError(nonce) from None
-            transient = (
-                isinstance(event, ReportReceived) and event.report.kind == "status" and not actions
-            )
             cur = db.execute(
                 "INSERT INTO events (at, type, replica, payload, transient) VALUES (?, ?, ?, ?, ?)",
-                (event.at, payload["type"], replica, json.dumps(payload), int(transient)),
+                (
+                    event.at,
+                    payload["type"],
+                    replica,
+                    json.dumps(payload),
+                    int(transient(event, actions)),
+                ),
             )
             seq = int(cur.lastrowid or 0)
             for action in actions:
@@ -248,35 +275,18 @@ class Journal:
         return seq, stored
 
     def nonce_seen(self, nonce: str) -> bool:
+        """Seen in a committed report, or in one queued for the next commit."""
+        if self.writer is not None and nonce in self.writer.pending_nonces:
+            return True
         with self._lock:
             row = self._db.execute("SELECT 1 FROM nonces WHERE nonce = ?", (nonce,)).fetchone()
         return row is not None
 
     def attempt(self, action_id: int, outcome: str, detail: str = "") -> None:
         """Record one attempt at a Slurm action; `outcome` is started|done|failed|skipped|retry."""
-        now = time.time()
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO attempts (action_id, at, outcome, detail) VALUES (?, ?, ?, ?)",
-                (action_id, now, outcome, detail[:2000]),
-            )
-            if outcome == "retry":
-                db.execute(
-                    "UPDATE actions SET attempts = attempts + 1, result = ?, updated = ?"
-                    " WHERE id = ?",
-                    (detail[:2000], now, action_id),
-                )
-            elif outcome == "started":
-                db.execute(
-                    "UPDATE actions SET status = 'started', attempts = attempts + 1, updated = ?"
-                    " WHERE id = ?",
-                    (now, action_id),
-                )
-            else:
-                db.execute(
-                    "UPDATE actions SET status = ?, result = ?, updated = ? WHERE id = ?",
-                    (outcome, detail[:2000], now, action_id),
-                )
+            for sql, args in _attempt_ops(action_id, outcome, detail, time.time()):
+                db.execute(sql, args)
 
     def compact(self, state: RunState, upto_seq: int, now: float | None = None) -> int:
         """Snapshot `state` (the state after event `upto_seq`) and drop what it makes redundant.
@@ -439,6 +449,285 @@ class Journal:
             )
         out.sort(key=lambda e: e.at)
         return out
+
+
+def transient(event: Event, actions: list[Action]) -> bool:
+    """A status report that decided nothing: the next report of its replica replaces it, so
+    compaction drops it and the coordinator acknowledges it without waiting for its commit."""
+    return isinstance(event, ReportReceived) and event.report.kind == "status" and not actions
+
+
+class JournalUnavailable(Exception):
+    """A journal commit failed (disk full, I/O error): nothing more is written or acknowledged;
+    the coordinator answers 503 and its log says why."""
+
+
+_Op = tuple[str, tuple[Any, ...]]
+
+
+def _attempt_ops(action_id: int, outcome: str, detail: str, now: float) -> list[_Op]:
+    """The rows of one attempt at a Slurm action, and its action's new status."""
+    detail = detail[:2000]
+    ops: list[_Op] = [
+        (
+            "INSERT INTO attempts (action_id, at, outcome, detail) VALUES (?, ?, ?, ?)",
+            (action_id, now, outcome, detail),
+        )
+    ]
+    if outcome == "retry":
+        sql = "UPDATE actions SET attempts = attempts + 1, result = ?, updated = ? WHERE id = ?"
+        ops.append((sql, (detail, now, action_id)))
+    elif outcome == "started":
+        sql = (
+            "UPDATE actions SET status = 'started', attempts = attempts + 1, updated = ?"
+            " WHERE id = ?"
+        )
+        ops.append((sql, (now, action_id)))
+    else:
+        sql = "UPDATE actions SET status = ?, result = ?, updated = ? WHERE id = ?"
+        ops.append((sql, (outcome, detail, now, action_id)))
+    return ops
+
+
+@dataclass
+class _Item:
+    ops: list[_Op]
+    future: asyncio.Future[Any] | None
+    nonce: str | None
+    #: Runs in the writer thread after `ops`, inside the transaction (compaction's count).
+    then: Callable[[sqlite3.Connection], Any] | None = None
+    result: Any = None
+
+
+class GroupWriter:
+    """Commits queued journal writes in groups, one transaction (one fsync) per group.
+
+    Used from one event loop: `record`, `attempt` and `compact` queue their rows and return at
+    once (a future for writes the caller must see durable); a thread with its own SQLite
+    connection commits everything queued since its previous commit. The loop's own connection
+    (the `Journal`) keeps serving reads; WAL lets them run beside the commit.
+    """
+
+    def __init__(self, journal: Journal, max_batch: int = 2048) -> None:
+        self.journal = journal
+        self.max_batch = max_batch
+        self.pending_nonces: set[str] = set()
+        self.failed: BaseException | None = None
+        self.commits = 0
+        self.committed_items = 0
+        #: Seconds the last commit took (its fsync included).
+        self.last_commit_s = 0.0
+        self._queued_at: collections.deque[float] = collections.deque()
+        self._loop = asyncio.get_running_loop()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        with journal._lock:
+            row = journal._db.execute(
+                "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM events UNION ALL "
+                "SELECT seq FROM sqlite_sequence WHERE name = 'events')"
+            ).fetchone()
+            self._seq = int(row[0] or 0)
+            row = journal._db.execute(
+                "SELECT MAX(id) FROM (SELECT MAX(id) AS id FROM actions UNION ALL "
+                "SELECT seq FROM sqlite_sequence WHERE name = 'actions')"
+            ).fetchone()
+            self._action_id = int(row[0] or 0)
+        self._db = sqlite3.connect(str(journal.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if journal.durable else 'OFF'}")
+        self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        journal.writer = self
+        self._thread.start()
+
+    # -- the loop's side ----------------------------------------------------------------------
+
+    def backlog_s(self) -> float:
+        """How long the oldest write not yet committed has waited (0 when none)."""
+        return time.monotonic() - self._queued_at[0] if self._queued_at else 0.0
+
+    def _put(self, item: _Item) -> None:
+        if self.failed is not None:
+            raise JournalUnavailable(f"journal {self.journal.path}: {self.failed}")
+        self._queued_at.append(time.monotonic())
+        self._queue.put(item)
+
+    def record(
+        self,
+        event: Event,
+        actions: list[Action],
+        nonce: str | None = None,
+        durable: bool = True,
+        now: float | None = None,
+    ) -> tuple[int, list[StoredAction], asyncio.Future[Any] | None]:
+        """Queue an event, its nonce and its actions (one transaction, as `Journal.record`).
+
+        Returns its sequence number, the stored actions and, if `durable`, a future done once
+        it is committed. `KeyError` (and nothing queued) if the nonce was seen before.
+        """
+        if nonce is not None and self.journal.nonce_seen(nonce):
+            raise KeyError(nonce)
+        now = time.time() if now is None else now
+        payload = event_to_dict(event)
+        seq = self._seq + 1
+        ops: list[_Op] = []
+        if nonce is not None:
+            ops.append(("INSERT INTO nonces VALUES (?, ?)", (nonce, now)))
+        ops.append(
+            (
+                "INSERT INTO events (seq, at, type, replica, payload, transient)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    seq,
+                    event.at,
+                    payload["type"],
+                    _replica_of(payload),
+                    json.dumps(payload),
+                    int(transient(event, actions)),
+                ),
+            )
+        )
+        stored: list[StoredAction] = []
+        action_id = self._action_id
+        for action in actions:
+            action_id += 1
+            data = action_to_dict(action)
+            status = "decided" if isinstance(action, SLURM_ACTIONS) else "done"
+            ops.append(
+                (
+                    "INSERT INTO actions (id, event_seq, type, replica, payload, status, updated)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        action_id,
+                        seq,
+                        data["type"],
+                        data.get("replica"),
+                        json.dumps(data),
+                        status,
+                        now,
+                    ),
+                )
+            )
+            stored.append(StoredAction(action_id, seq, action, status, 0))
+        future = self._loop.create_future() if durable else None
+        self._put(_Item(ops, future, nonce))
+        self._seq, self._action_id = seq, action_id
+        if nonce is not None:
+            self.pending_nonces.add(nonce)
+        return seq, stored, future
+
+    def attempt(self, action_id: int, outcome: str, detail: str = "") -> asyncio.Future[Any]:
+        """Queue one attempt at a Slurm action (as `Journal.attempt`); done once committed."""
+        future = self._loop.create_future()
+        self._put(_Item(_attempt_ops(action_id, outcome, detail, time.time()), future, None))
+        return future
+
+    def compact(
+        self, state: RunState, upto_seq: int, now: float | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue a snapshot of `state` (the state after event `upto_seq`, serialised now) and the
+        deletions it allows (as `Journal.compact`); the future's result is the events dropped."""
+        now = time.time() if now is None else now
+        data = json.dumps(state.to_dict(), separators=(",", ":"))
+        ops: list[_Op] = [
+            (
+                "INSERT OR REPLACE INTO snapshot (id, upto_seq, at, state) VALUES (1, ?, ?, ?)",
+                (upto_seq, now, data),
+            ),
+            ("DELETE FROM nonces WHERE at < ?", (now - NONCE_KEEP_S,)),
+        ]
+
+        def delete(db: sqlite3.Connection) -> int:
+            cur = db.execute("DELETE FROM events WHERE transient = 1 AND seq <= ?", (upto_seq,))
+            return int(cur.rowcount)
+
+        future = self._loop.create_future()
+        self._put(_Item(ops, future, None, delete))
+        return future
+
+    async def flush(self) -> None:
+        """Return once everything queued so far is committed (`JournalUnavailable` if not)."""
+        future = self._loop.create_future()
+        self._put(_Item([], future, None))
+        await future
+
+    async def close(self) -> None:
+        """Commit what is queued, stop the thread, close its connection."""
+        if self.failed is None:
+            with contextlib.suppress(JournalUnavailable):
+                await self.flush()
+        self._queue.put(None)
+        await self._loop.run_in_executor(None, self._thread.join, 30.0)
+        self.journal.writer = None
+        self._db.close()
+
+    def _done(self, batch: list[_Item], error: BaseException | None, took: float) -> None:
+        """On the loop: the batch is committed (or failed)."""
+        self.last_commit_s = took
+        if error is not None and self.failed is None:
+            self.failed = error
+            log.error("journal %s: commit failed, no more writes: %s", self.journal.path, error)
+        for item in batch:
+            if self._queued_at:
+                self._queued_at.popleft()
+            if item.nonce is not None:
+                self.pending_nonces.discard(item.nonce)
+            if item.future is None or item.future.done():
+                continue
+            if error is None:
+                item.future.set_result(item.result)
+            else:
+                item.future.set_exception(
+                    JournalUnavailable(f"journal {self.journal.path}: {error}")
+                )
+        if error is None:
+            self.commits += 1
+            self.committed_items += len(batch)
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        broken: BaseException | None = None
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            start = time.perf_counter()
+            if broken is None:
+                broken = self._commit(batch)
+            took = time.perf_counter() - start
+            try:
+                self._loop.call_soon_threadsafe(self._done, batch, broken, took)
+            except RuntimeError:
+                return  # the loop is closed: nobody waits any more
+
+    def _commit(self, batch: list[_Item]) -> BaseException | None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for item in batch:
+                    for sql, args in item.ops:
+                        db.execute(sql, args)
+                    if item.then is not None:
+                        item.result = item.then(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except Exception as exc:  # handed to the loop: every waiter gets JournalUnavailable
+            return exc
+        return None
 
 
 def _replica_of(payload: dict[str, Any]) -> int | None:

@@ -385,37 +385,33 @@ def observe_all(
 
 def verdicts(state: DetectorState) -> list[StragglerVerdict]:
     """One verdict per known replica, by replica id."""
-    out = []
-    for replica in sorted(state.tracks):
-        t = state.tracks[replica]
-        ep = t.episode
-        if ep is None:
-            out.append(
-                StragglerVerdict(replica, "ok", t.last_ratio, t.latest.compute_s, t.peer_median_s)
-            )
-            continue
-        rank, node = slowest_rank_node(
-            t.latest.nodes, t.latest.rank_compute_s, t.latest.tasks_per_node
-        )
-        out.append(
-            StragglerVerdict(
-                replica=replica,
-                state="straggler" if t.flagged else "suspect",
-                factor=ep.median_ratio,
-                compute_s=t.latest.compute_s,
-                peer_median_s=t.peer_median_s,
-                since_step=ep.start_step,
-                duration_s=ep.last_t - ep.start_t,
-                steps=ep.last_step - ep.start_step,
-                slow_rank=rank,
-                slow_node=node,
-            )
-        )
-    return out
+    return [_verdict(replica, state.tracks[replica]) for replica in sorted(state.tracks)]
+
+
+def _verdict(replica: int, t: ReplicaTrack) -> StragglerVerdict:
+    ep = t.episode
+    if ep is None:
+        return StragglerVerdict(replica, "ok", t.last_ratio, t.latest.compute_s, t.peer_median_s)
+    rank, node = slowest_rank_node(t.latest.nodes, t.latest.rank_compute_s, t.latest.tasks_per_node)
+    return StragglerVerdict(
+        replica=replica,
+        state="straggler" if t.flagged else "suspect",
+        factor=ep.median_ratio,
+        compute_s=t.latest.compute_s,
+        peer_median_s=t.peer_median_s,
+        since_step=ep.start_step,
+        duration_s=ep.last_t - ep.start_t,
+        steps=ep.last_step - ep.start_step,
+        slow_rank=rank,
+        slow_node=node,
+    )
 
 
 def stragglers(state: DetectorState) -> list[StragglerVerdict]:
-    return [v for v in verdicts(state) if v.state == "straggler"]
+    """The flagged replicas' verdicts, by replica id (asked after every report: only the
+    flagged tracks are turned into verdicts)."""
+    flagged = [k for k, t in state.tracks.items() if t.flagged and t.episode is not None]
+    return [_verdict(k, state.tracks[k]) for k in sorted(flagged)]
 
 
 # -- decision ---------------------------------------------------------------------------------
@@ -669,6 +665,8 @@ _IN_FLIGHT = ("requeued", "pending", "starting", "restarting")
 #: Phases in which a replica is recovering (or not yet up): other replicas' samples are no
 #: evidence and no eviction is decided meanwhile.
 _RECOVERING = ("pending", "starting", "restarting", "requeued", "healing")
+#: Phases of a replica that will not train again (nothing to wait for).
+_FINISHED = ("done", "out", "ended")
 
 
 def recovering_replicas(
@@ -679,7 +677,7 @@ def recovering_replicas(
     handled, or training again for less than `hold_s`."""
     out = []
     for k, phase, since, handled in phases:
-        if k == replica or phase in ("done", "out", "ended"):
+        if k == replica or phase in _FINISHED:
             continue  # finished or left out: nothing to wait for
         warming = phase == "training" and 0 <= at - since < hold_s
         if phase in _RECOVERING or handled or warming:
@@ -712,6 +710,74 @@ class StragglerService:
         self.decisions: dict[int, StragglerDecision] = {}
         self.phase_seconds: dict[int, dict[str, float]] = {}
         self._phase_at: dict[int, tuple[str, float]] = {}
+        # Which replicas may be recovering, kept up to date from the replicas that changed
+        # (`note_changed`) so that a report does not look at every replica: `_unsettled` are
+        # recovering whatever the time (starting, healing, requeued, handled); `_warming` are
+        # training since the given wall time (recovering within `recovery_hold_s` of it).
+        self._unsettled: set[int] = set()
+        self._warming: dict[int, float] = {}
+        self._noted: Any = None
+        self._dirty: set[int] = set()
+        self._dirty_all = True
+        self._last_at = float("-inf")
+
+    def note_changed(self, old: Any, new: Any, replicas: Iterable[int] | None) -> None:
+        """The policy state went from `old` to `new`; only `replicas` (None: any) changed. Lets
+        `on_report` look at the replicas that may be recovering instead of at every replica
+        (a state it was not told about is looked at in full)."""
+        if replicas is None or old is not self._noted:
+            self._dirty_all = True
+        else:
+            self._dirty.update(replicas)
+        self._noted = new
+
+    def _refresh(self, state: Any, at: float) -> None:
+        """Bring `_unsettled` and `_warming` up to `state` at wall time `at` (in full for a
+        state it was not told about, or when time ran backwards)."""
+        full = self._dirty_all or state is not self._noted or at < self._last_at
+        todo: Iterable[int] = list(state.replicas) if full else self._dirty
+        if full:
+            self._unsettled.clear()
+            self._warming.clear()
+        for k in todo:
+            self._unsettled.discard(k)
+            self._warming.pop(k, None)
+            r = state.replicas.get(k)
+            if r is None or r.phase in _FINISHED:
+                continue
+            if r.phase in _RECOVERING or r.handled is not None:
+                self._unsettled.add(k)
+            elif r.phase == "training":
+                self._warming[k] = r.phase_since
+        self._dirty = set()
+        self._dirty_all = False
+        self._noted = state
+        self._last_at = at
+
+    def _others_recovering(self, replica: int, at: float) -> bool:
+        """Whether a replica other than `replica` is recovering (after `_refresh`)."""
+        if len(self._unsettled) > 1 or (self._unsettled and replica not in self._unsettled):
+            return True
+        hold = self.monitor.detect.recovery_hold_s
+        expired = []
+        found = False
+        for k, since in self._warming.items():
+            if at - since >= hold:
+                expired.append(k)  # settled for good: time only runs forward here
+            elif k != replica and at - since >= 0:
+                found = True
+                break
+        for k in expired:
+            del self._warming[k]
+        return found
+
+    def _recovering(self, state: Any, at: float) -> tuple[int, ...]:
+        """`recovering_replicas` of every replica (after `_refresh`): only the candidates."""
+        rows = []
+        for k in self._unsettled | set(self._warming):
+            r = state.replicas[k]
+            rows.append((k, r.phase, r.phase_since, r.handled is not None))
+        return recovering_replicas(rows, -1, at, self.monitor.detect.recovery_hold_s)
 
     def on_report(self, report: Any, state: Any, now: float, at: float) -> list[Any]:
         """Observe one accepted report (monotonic `now`); the policy events to submit."""
@@ -723,11 +789,13 @@ class StragglerService:
             # A leader that does not know its nodes (ranks given RANK/MASTER_ADDR instead of
             # Slurm's step variables) still runs where squeue says the replica's job runs.
             sample = replace(sample, nodes=tuple(known.nodes))
+        self._refresh(state, at)
+        evidence = not self._others_recovering(report.replica, at)
+        self.monitor.observe_sample(sample, evidence=evidence)
+        if not stragglers(self.monitor.state):
+            return []  # nothing to decide: skip the counts over every replica
+        recovering = self._recovering(state, at)  # every replica, for decisions
         reps = state.replicas.values()
-        rows = ((r.replica, r.phase, r.phase_since, r.handled is not None) for r in reps)
-        hold = self.monitor.detect.recovery_hold_s
-        recovering = recovering_replicas(rows, -1, at, hold)  # every replica, for decisions
-        self.monitor.observe_sample(sample, evidence=not set(recovering) - {report.replica})
         participants = sum(1 for r in reps if r.phase in _PARTICIPATING)
         in_flight = any(r.phase in _IN_FLIGHT or r.handled is not None for r in reps)
         events = []
@@ -747,9 +815,18 @@ class StragglerService:
             if isinstance(a, Requeue) and a.replica not in self.monitor._requeued_at:
                 self.monitor.note_requeue(a.replica, now)
 
-    def account(self, state: Any, now: float) -> None:
-        """Accumulate each replica's time per policy phase (monotonic), for ETTR."""
-        for k, r in state.replicas.items():
+    def account(self, state: Any, now: float, replicas: Iterable[int] | None = None) -> None:
+        """Accumulate each replica's time per policy phase (monotonic), for ETTR.
+
+        `replicas`: only these changed since the last call (None: any may have). A replica's
+        phase is constant between its changes, so accounting it only then (and for every
+        replica when the figures are read) adds up the same seconds."""
+        pairs = (
+            state.replicas.items()
+            if replicas is None
+            else ((k, state.replicas[k]) for k in replicas if k in state.replicas)
+        )
+        for k, r in pairs:
             last = self._phase_at.get(k)
             if last is not None:
                 spent = self.phase_seconds.setdefault(k, {})
