@@ -163,7 +163,7 @@ class ForeignStep:
                 step_time = (now - last[0]) / (step - last[1])
             if step is not None and (last is None or step > last[1]):
                 last = (now, step)
-            if self.report is not None and not done:
+            if self.report is not None:  # the last one carries the final step
                 try:
                     self.report(step=step or 0, step_time_s=step_time)
                 except Exception as exc:  # reporting must never take the step down

@@ -50,13 +50,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hostlist
 
 from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.errors import EnvironmentProblem, InputError
+
+if TYPE_CHECKING:
+    from runtime.reporting import ReportClient
 
 log = logging.getLogger("fthsdp.supervisor")
 
@@ -280,21 +283,31 @@ class Supervisor:
             progress_file=progress,
             health_checks=c.health_checks,
         )
-        step = ForeignStep(launch, self._status_reporter())
+        client = self._report_client()
+        report = None
+        if client is not None:
+            launch_no, restarts = self.launch, c.restarts
+
+            def report(**fields: Any) -> None:
+                client.status(launch=launch_no, restarts=restarts, **fields)
+
+        step = ForeignStep(launch, report)
         self.child = step.start()
         code = step.wait()
+        if client is not None:
+            client.close(timeout_s=c.http_timeout_s)  # sent before any fatal report
         self.node_fault = (step.fault.reason, step.fault.evidence) if step.fault else None
         return code
 
-    def _status_reporter(self) -> Callable[..., None] | None:
-        """A function sending this launch's status reports, or None when the run has no secret."""
+    def _report_client(self) -> ReportClient | None:
+        """This launch's status report client, or None when the run has no secret."""
         from runtime.reporting import ReportClient
 
         c = self.config
         secret = c.run_dir / "secret"
         if not secret.exists():
             return None
-        client = ReportClient(
+        return ReportClient(
             lambda: coordinator_url(c.run_dir),
             read_secret(secret),
             c.replica,
@@ -302,13 +315,8 @@ class Supervisor:
             f"progress:{self.incarnation()}",
             job_id=c.job_id,
             nodes=list(c.nodes),
+            min_interval_s=0.0,  # the foreign step paces its reports itself
         )
-        launch, restarts = self.launch, c.restarts
-
-        def report(**fields: Any) -> None:
-            client.status(launch=launch, restarts=restarts, **fields)
-
-        return report
 
     def report_failure(self, url: str, code: int) -> None:
         c = self.config
