@@ -466,8 +466,9 @@ class FTHSDP:
         """
         self._reduced = True
         self._contrib = None
-        if not self._await_quorum():
-            return None
+        with self._timer.waiting():  # the quorum waits for the slowest replica too
+            if not self._await_quorum():
+                return None
         from torch.distributed import ReduceOp
 
         assert self.model is not None
