@@ -532,14 +532,28 @@ class HealthSection:
 
 
 @dataclass(frozen=True)
+class SparesSection:
+    """`[spares]`: nodes the run keeps allocated and idle, so a replica whose node fails moves
+    onto them at once instead of waiting in the queue (docs/control-plane.md, "Hot spares")."""
+
+    #: Spare nodes held; 0 = none (a node fault requeues the replica's job). A multiple of
+    #: `replicas.nodes`: a replacement takes a whole replica's worth of nodes.
+    nodes: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("spares.nodes", self.nodes, minimum=0)
+
+
+@dataclass(frozen=True)
 class JobSpec:
-    """A validated run: the five sections, plus where the spec came from."""
+    """A validated run: the six sections, plus where the spec came from."""
 
     job: JobSection
     replicas: ReplicasSection
     train: TrainSection
     control: ControlSection = field(default_factory=ControlSection)
     health: HealthSection = field(default_factory=HealthSection)
+    spares: SparesSection = field(default_factory=SparesSection)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -548,6 +562,18 @@ class JobSpec:
                 "train.min_replicas",
                 self.train.min_replicas,
                 f"at most replicas.count={self.replicas.count}",
+            )
+        if self.spares.nodes % self.replicas.nodes:
+            raise InputError(
+                "spares.nodes",
+                self.spares.nodes,
+                f"a multiple of replicas.nodes={self.replicas.nodes} (a spare replaces a replica)",
+            )
+        if self.spares.nodes and isinstance(self.replicas.constraint, tuple):
+            raise InputError(
+                "spares.nodes",
+                self.spares.nodes,
+                "0 with a per-replica constraint list (a spare must fit every replica)",
             )
 
     @property
@@ -594,6 +620,7 @@ _SECTIONS: dict[str, type] = {
     "control": ControlSection,
     "train": TrainSection,
     "health": HealthSection,
+    "spares": SparesSection,
 }
 _NESTED: dict[tuple[type, str], type] = {(ReplicasSection, "helper"): HelperSection}
 

@@ -52,6 +52,10 @@ from slurm.run_dir import (
 )
 from slurm.spec import JobSpec
 
+#: The spare slot script and the pool file (`runtime.control.spares` reads and writes it).
+SPARE_SCRIPT = "spare.sbatch"
+SPARES_FILE = "spares.json"
+
 _GRES_GPU = re.compile(r"^gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)")
 
 
@@ -177,6 +181,8 @@ def submit_run(
         check_against_cluster(spec, nodes)
     scripts = render_run(spec)
     names = [s.filename for s in scripts] + [SPEC_FILE, SECRET_FILE, JOBS_FILE]
+    if spec.spares.nodes:
+        names += [SPARE_SCRIPT, SPARES_FILE]
     archived = archive_state(run, earlier) if earlier else None
     try:
         with run_dir_transaction(run, names):
@@ -212,6 +218,8 @@ def _submit_scripts(
             submitted.append(job_id)
             replicas.append(JobRecord("replica", job_id, s.job_name, s.filename, s.replica))
         record = replace(record, replicas=tuple(replicas))
+        if spec.spares.nodes:
+            submitted += submit_spares(spec, backend, control_id)
     except BaseException:
         with contextlib.suppress(SlurmCommandError):
             backend.cancel(submitted)
@@ -219,8 +227,67 @@ def _submit_scripts(
     return record
 
 
+def submit_spares(spec: JobSpec, backend: SlurmBackend, control_id: str) -> list[str]:
+    """Write the slot script, queue `spares.nodes / replicas.nodes` slots after the replicas (on
+    a busy cluster the replicas' own nodes come first) and record them in the pool file."""
+    from runtime.control.spares import Pool, Slot, write_pool
+
+    run = spec.run_dir
+    path = run / SPARE_SCRIPT
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write(render_spare(spec))
+    ids: list[str] = []
+    try:
+        for _ in range(spec.spares.nodes // spec.replicas.nodes):
+            ids.append(backend.submit(path, [f"--dependency=after:{control_id}"]))
+        write_pool(run, Pool(target=len(ids), slots=tuple(Slot(j) for j in ids)))
+    except BaseException:
+        with contextlib.suppress(SlurmCommandError):
+            backend.cancel(ids)
+        raise
+    return ids
+
+
+def render_spare(spec: JobSpec) -> str:
+    """The spare slot script: one replica's shape (partition, GRES, constraint, switches, helper
+    component), its own job name and no `singleton`; it waits for the coordinator to assign a
+    replica, then runs that replica's script (`runtime.control.spares`)."""
+    from slurm.render import _environment, replica_options, runtime_env
+
+    comp0, comp1 = replica_options(spec, 0)
+    name = f"{spec.job.name}-spare"
+    logs = spec.run_dir / "logs"
+    renamed = {
+        "job-name": name,
+        "output": str(logs / "spare-%j.out"),
+        "error": str(logs / "spare-%j.err"),
+    }
+    comp0 = [(k, renamed.get(k, v)) for k, v in comp0 if k != "dependency"]
+    comp1 = [(k, f"{name}-helper" if k == "job-name" else v) for k, v in comp1]
+    text = (
+        _environment()
+        .get_template("spares.sbatch.j2")
+        .render(
+            run_name=spec.job.name,
+            component0=comp0,
+            component1=comp1,
+            env=runtime_env(spec),
+            user_env=sorted(spec.job.env.items()),
+            setup=spec.job.setup,
+            python=spec.control.python,
+            run_dir=str(spec.run_dir),
+        )
+    )
+    return text
+
+
 def cancel_run(record: RunRecord, backend: SlurmBackend) -> list[str]:
-    """Cancel every job of a run (replicas first, so none outlives its control plane)."""
-    ids = [r.job_id for r in record.replicas] + ([record.control.job_id] if record.control else [])
+    """Cancel every job of a run (replicas and spare slots first, so none outlives its control
+    plane)."""
+    from runtime.control.spares import pool_job_ids
+
+    ids = [r.job_id for r in record.replicas] + pool_job_ids(Path(record.run_dir))
+    ids += [record.control.job_id] if record.control else []
     backend.cancel(ids)
     return ids

@@ -94,7 +94,56 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
         merged["drained_unknown"] = unreadable
     merged["stragglers"] = straggler_rows(coord or {})
     settle_replicas(merged)
+    on_spares(merged, coord or {})
     return merged
+
+
+def on_spares(status: dict[str, Any], coord: dict[str, Any]) -> None:
+    """Show the spare pool (`spares`), and a replica that moved into a spare slot with the
+    slot's job, nodes and Slurm state (jobs.json still names its old, cancelled job)."""
+    pool = coord.get("spares")
+    status["spares"] = pool
+    if not pool or "slots" not in pool:
+        return
+    slots = {s["job_id"]: s for s in pool["slots"]}
+    current = {r["replica"]: r for r in coord.get("replicas", [])}
+    for row in status.get("replicas", []):
+        c = current.get(row["replica"])
+        slot = slots.get(c["job_id"]) if c else None
+        if c is None or slot is None or slot.get("replica") != row["replica"]:
+            continue
+        row["job_id"] = slot["job_id"]
+        row["nodes"] = list(slot["nodes"]) or row["nodes"]
+        row["helper_nodes"] = []
+        row["slurm_state"] = slot["state"]
+        row["spare"] = True
+        ended = _FINISHED.get(str(slot["state"] or ""))
+        row["state"] = ended if ended and c["phase"] not in ("done", "out") else c["phase"]
+
+
+def spare_lines(pool: dict[str, Any] | None) -> list[str]:
+    """The pool in words: slots, their health and use; a fallback to plain requeue."""
+    if not pool:
+        return []
+    if "error" in pool:
+        return [f"spares: unreadable ({pool['error']})"]
+    lines = [
+        f"spares: {pool['idle']} idle, {pool['in_use']} in use, target {pool['target']} "
+        "available (idle or queued)"
+    ]
+    for s in pool["slots"]:
+        use = f"replica {s['replica']}" if s["replica"] is not None else "idle"
+        bad = f" ({','.join(s['bad_nodes'])} failed a check)" if s["bad_nodes"] else ""
+        nodes = ",".join(s["nodes"]) or "-"
+        lines.append(
+            f"  slot {s['job_id']}: {_dash(s['state'])} on {nodes}, {s['health']}{bad}, {use}"
+        )
+    if not pool["idle"]:
+        lines.append("  pool empty: the next node fault requeues its replica (waits for Slurm)")
+    last = pool.get("last_fallback")
+    if last:
+        lines.append(f"  replica {last['replica']} (job {last['job_id']}): {last['why']}")
+    return lines
 
 
 def quorum_line(status: dict[str, Any]) -> str:
@@ -165,6 +214,7 @@ def render_status(status: dict[str, Any]) -> Any:
     for d in status["drained"] or []:
         lines.append(f"drained {d['node']}: {d['reason']}")
     lines.extend(straggler_line(v) for v in status.get("stragglers", []))
+    lines.extend(spare_lines(status.get("spares")))
     return Group(table, *(Text(line) for line in lines))
 
 

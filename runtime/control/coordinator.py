@@ -103,6 +103,9 @@ from runtime.control.report import (
     signed_headers,
     verify,
 )
+from runtime.control.spares import SpareManager
+from runtime.control.spares import carry_out as spares_carry_out
+from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
@@ -342,6 +345,8 @@ class Coordinator:
         from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry()
+        #: The run's hot-spare pool (`runtime.control.spares`), None without `[spares]`.
+        self.spares = SpareManager.load(config.run_dir, self.backend)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -524,6 +529,8 @@ class Coordinator:
                 ids[info.base_id], info.base_id, info.restarts, info.state, self.clock(), nodes
             )
             await self.submit(event, always=False)
+        if self.spares is not None:
+            await spares_on_poll(self)
 
     def run_over(self) -> str | None:
         """Why the run is over (see `run_over`), or None; the control job ends on it."""
@@ -540,6 +547,8 @@ class Coordinator:
             if isinstance(action, Release) and action.delay_s > 0:
                 await asyncio.sleep(action.delay_s)
             resumed = stored.status == "started"
+            if self.spares is not None and await spares_carry_out(self, stored, resumed):
+                continue  # moved into a spare slot, or requeued with the pool's reason
             await self.attempt(stored.id, "started", "resumed after restart" if resumed else "")
             for attempt in range(self.config.action_retries):
                 try:
@@ -604,6 +613,8 @@ class Coordinator:
         data["coordinator_started_at"] = self.started_at
         data["refusals"] = self.refusals.snapshot()
         self.stragglers.account(self.state, time.monotonic())
+        if self.spares is not None:
+            data["spares"] = self.spares.summary()
         return self.stragglers.view(data)
 
     async def after_report(self, report: ReplicaReport) -> None:

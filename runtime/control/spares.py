@@ -1,0 +1,593 @@
+"""The hot-spare pool: replica-sized slot jobs that hold health-checked nodes idle for the run.
+
+Why slots and not a shrinking pool job: Slurm cannot hand a node from one job to another (job
+expansion is gone from 23.02 on), and a node released by `scontrol update NumNodes=` goes back
+to the scheduler, where anyone's pending job may take it first. A job step runs only inside its
+own job's allocation. So each slot is its own job shaped like one replica (same partition, GRES,
+constraint, switches; gated by the Prolog like any job), and a failed replica moves *into* a slot:
+the slot's batch script (`agent`) waits for an assignment in `RUN_DIR/spares.json` and then runs
+that replica's own script in the slot's allocation. The replica's job id becomes the slot's; its
+old job is cancelled, and one refill slot is queued (it waits like anyone's job).
+
+Three parts: the pool's data (`Pool`, `Slot`, read and written as `spares.json`, 0600, written
+only by `fthsdp submit` and then by the coordinator), the pure decisions (`choose_slot`,
+`plan_upkeep`), and the I/O around them (`SpareManager` in the coordinator, `agent` in a slot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.errors import EnvironmentProblem, InputError
+from slurm.submit import SPARE_SCRIPT, SPARES_FILE
+
+if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
+    from runtime.control.coordinator import Coordinator
+    from runtime.control.journal import StoredAction
+
+log = logging.getLogger("fthsdp.spares")
+
+#: What a slot may run: a replica script `fthsdp submit` wrote (a bare file name, never a path).
+_SCRIPT = re.compile(r"replica-[0-9]{1,7}\.sbatch")
+_JOB = re.compile(r"[0-9]{1,12}")
+#: Slurm states of a slot job that still holds (or will hold) its nodes.
+_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED")
+#: Node flags or base states that make a spare unusable.
+_BAD_NODE = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT")
+#: How many moves and fallbacks spares.json keeps (the journal keeps them all).
+_HISTORY = 50
+
+
+class PoolFileError(ValueError):
+    """spares.json is not what this version writes."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    job_id: str
+    #: The replica this slot runs, once it was moved here.
+    replica: int | None = None
+    script: str | None = None
+    since: float | None = None
+
+
+@dataclass(frozen=True)
+class Move:
+    replica: int
+    from_job: str
+    to_job: str
+    nodes: tuple[str, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class Fallback:
+    replica: int
+    job_id: str
+    at: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Pool:
+    #: Slots to keep available (running idle or waiting in the queue): `[spares] nodes` divided
+    #: by `replicas.nodes`.
+    target: int
+    slots: tuple[Slot, ...] = ()
+    moves: tuple[Move, ...] = ()
+    fallbacks: tuple[Fallback, ...] = ()
+    #: Slot jobs retired because a node of theirs failed a health check.
+    retired: tuple[str, ...] = ()
+
+    def slot(self, job_id: str) -> Slot | None:
+        return next((s for s in self.slots if s.job_id == job_id), None)
+
+    def moved_from(self, job_id: str) -> Move | None:
+        return next((m for m in self.moves if m.from_job == job_id), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Pool:
+        """A pool read back from spares.json; `PoolFileError` naming what is wrong."""
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not an object")
+            target = data["target"]
+            if not isinstance(target, int) or isinstance(target, bool) or target < 0:
+                raise ValueError(f"target {target!r}")
+            slots = tuple(_slot(s) for s in data.get("slots", []))
+            moves = tuple(
+                Move(int(m["replica"]), _job(m["from_job"]), _job(m["to_job"]),
+                     tuple(str(n) for n in m["nodes"]), float(m["at"]))
+                for m in data.get("moves", [])
+            )  # fmt: skip
+            falls = tuple(
+                Fallback(int(f["replica"]), _job(f["job_id"]), float(f["at"]), str(f["why"]))
+                for f in data.get("fallbacks", [])
+            )
+            retired = tuple(_job(j) for j in data.get("retired", []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PoolFileError(f"{SPARES_FILE}: {type(exc).__name__}: {exc}") from None
+        return cls(target, slots, moves, falls, retired)
+
+
+def _job(value: Any) -> str:
+    if not isinstance(value, str) or not _JOB.fullmatch(value):
+        raise ValueError(f"job id {value!r}")
+    return value
+
+
+def _slot(raw: Any) -> Slot:
+    if not isinstance(raw, dict):
+        raise TypeError(f"slot {raw!r}")
+    replica, script = raw.get("replica"), raw.get("script")
+    if replica is not None and (not isinstance(replica, int) or replica < 0):
+        raise ValueError(f"slot replica {replica!r}")
+    if script is not None and not (isinstance(script, str) and _SCRIPT.fullmatch(script)):
+        raise ValueError(f"slot script {script!r}")
+    if (replica is None) != (script is None):
+        raise ValueError("slot replica and script go together")
+    since = raw.get("since")
+    return Slot(_job(raw["job_id"]), replica, script, None if since is None else float(since))
+
+
+# -- pure decisions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """A slot job as Slurm sees it now: its state (None: no longer listed) and nodes, and which
+    of those nodes are drained, down or failing."""
+
+    job_id: str
+    state: str | None
+    nodes: tuple[str, ...] = ()
+    bad_nodes: tuple[str, ...] = ()
+
+    @property
+    def live(self) -> bool:
+        return self.state is not None and self.state.upper() in _LIVE
+
+
+def choose_slot(pool: Pool, views: Mapping[str, SlotView], exclude: str = "") -> Slot | None:
+    """The slot a failed replica moves to: running, idle, every node healthy; oldest first
+    (submit order, so the pool's first nodes go first). None: the pool has none free now."""
+    for slot in pool.slots:
+        v = views.get(slot.job_id)
+        if slot.replica is not None or slot.job_id == exclude or v is None:
+            continue
+        if v.state == "RUNNING" and v.nodes and not v.bad_nodes:
+            return slot
+    return None
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    #: Idle slots to cancel (a node of theirs failed its health check).
+    cancel: tuple[str, ...]
+    #: Slots to forget: their job ended or is gone (cancelled ones included).
+    drop: tuple[str, ...]
+    #: Refill slots to queue so that `target` are available again.
+    submit: int
+
+
+def plan_upkeep(pool: Pool, views: Mapping[str, SlotView]) -> Upkeep:
+    """Keep `target` slots available: forget ended slots, retire idle ones on a bad node, and
+    queue refills for what is missing. A slot whose job Slurm was not asked about yet counts as
+    available (never over-submit on missing data); hosting slots are the replicas' own jobs now
+    and are only forgotten once they end."""
+    cancel, drop = [], []
+    available = 0
+    for slot in pool.slots:
+        v = views.get(slot.job_id)
+        if v is not None and not v.live:
+            drop.append(slot.job_id)
+            continue
+        if slot.replica is not None:
+            continue
+        if v is not None and v.bad_nodes:
+            cancel.append(slot.job_id)
+            drop.append(slot.job_id)
+            continue
+        available += 1
+    return Upkeep(tuple(cancel), tuple(drop), max(0, pool.target - available))
+
+
+def assign(pool: Pool, slot: Slot, replica: int, script: str, from_job: str,
+           nodes: tuple[str, ...], at: float) -> Pool:  # fmt: skip
+    """The pool with `replica` (whose job was `from_job`) running in `slot`."""
+    slots = tuple(
+        replace(s, replica=replica, script=script, since=at) if s.job_id == slot.job_id else s
+        for s in pool.slots
+    )
+    move = Move(replica, from_job, slot.job_id, nodes, at)
+    return replace(pool, slots=slots, moves=(*pool.moves, move)[-_HISTORY:])
+
+
+def pool_summary(pool: Pool, views: Mapping[str, SlotView]) -> dict[str, Any]:
+    """What `fthsdp status` shows: each slot's job, state, nodes, health and replica."""
+    rows = []
+    for s in pool.slots:
+        v = views.get(s.job_id)
+        rows.append(
+            {
+                "job_id": s.job_id,
+                "state": v.state if v else None,
+                "nodes": list(v.nodes) if v else [],
+                "health": ("unknown" if v is None else "bad" if v.bad_nodes else "ok"),
+                "bad_nodes": list(v.bad_nodes) if v else [],
+                "replica": s.replica,
+            }
+        )
+    idle = sum(
+        1 for r in rows if r["replica"] is None and r["state"] == "RUNNING" and r["health"] == "ok"
+    )
+    last = pool.fallbacks[-1] if pool.fallbacks else None
+    return {
+        "target": pool.target,
+        "slots": rows,
+        "idle": idle,
+        "in_use": sum(1 for r in rows if r["replica"] is not None),
+        "moves": [asdict(m) for m in pool.moves[-5:]],
+        "last_fallback": asdict(last) if last else None,
+        "retired": list(pool.retired[-5:]),
+    }
+
+
+# -- the pool file ----------------------------------------------------------------------------
+
+
+def read_pool(run_dir: Path) -> Pool | None:
+    """The pool of `run_dir`, or None when the run has no spares."""
+    path = Path(run_dir) / SPARES_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PoolFileError(f"{path}: not JSON ({exc})") from None
+    return Pool.from_dict(data)
+
+
+def write_pool(run_dir: Path, pool: Pool) -> None:
+    from slurm.run_dir import write_private
+
+    write_private(Path(run_dir) / SPARES_FILE, json.dumps(pool.to_dict(), indent=1) + "\n")
+
+
+def pool_job_ids(run_dir: Path) -> list[str]:
+    """Every slot job the pool file lists (for `fthsdp cancel`); [] without spares."""
+    try:
+        pool = read_pool(run_dir)
+    except PoolFileError:
+        return []
+    return [s.job_id for s in pool.slots] if pool else []
+
+
+# -- the coordinator's side -------------------------------------------------------------------
+
+
+def _bad(flags: Iterable[str], state: str) -> bool:
+    words = {f.upper() for f in flags} | {w for w in state.upper().replace("+", " ").split()}
+    return any(b in w for w in words for b in _BAD_NODE)
+
+
+class SpareManager:
+    """The pool's I/O in the coordinator: reads Slurm, writes spares.json, cancels and submits.
+
+    Every method is blocking (run it in an executor); one lock orders the writers."""
+
+    def __init__(self, run_dir: Path, backend: SlurmBackend, clock: Any = time.time) -> None:
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last_views: dict[str, SlotView] = {}
+        self._polls = 0
+
+    @classmethod
+    def load(cls, run_dir: Path, backend: SlurmBackend) -> SpareManager | None:
+        """A manager when the run has a pool (spares.json); a bad file stops the coordinator."""
+        try:
+            pool = read_pool(run_dir)
+        except PoolFileError as exc:
+            raise EnvironmentProblem(str(exc)) from None
+        return None if pool is None else cls(run_dir, backend)
+
+    def pool(self) -> Pool:
+        pool = read_pool(self.run_dir)
+        if pool is None:
+            raise EnvironmentProblem(f"{self.run_dir / SPARES_FILE} disappeared")
+        return pool
+
+    def views(self, pool: Pool) -> dict[str, SlotView]:
+        """Each slot job's state and nodes from squeue, with the nodes' health from Slurm."""
+        ids = [s.job_id for s in pool.slots]
+        if not ids:
+            return {}
+        infos = [i for i in self.backend.jobs(ids) if i.het_offset == 0]
+        found = {i.base_id: i for i in infos if i.base_id in ids}
+        nodes_of = {j: _expand(i.nodes) for j, i in found.items()}
+        wanted = sorted({n for ns in nodes_of.values() for n in ns})
+        listed = self.backend.nodes(wanted) if wanted else []
+        bad = {n.name for n in listed if _bad(n.flags, n.state)}
+        views = {}
+        for j in ids:
+            nodes = tuple(nodes_of.get(j, ()))
+            state = found[j].state.upper() if j in found else None
+            views[j] = SlotView(j, state, nodes, tuple(n for n in nodes if n in bad))
+        self._last_views = views
+        return views
+
+    def move(self, replica: int, from_job: str, script: str) -> tuple[Move | None, str]:
+        """Put `replica` (whose job `from_job` failed) into a free slot: assign, cancel the old
+        job, queue a refill. Returns the move (None: no slot free, with why)."""
+        with self._lock:
+            pool = self.pool()
+            done = pool.moved_from(from_job)
+            if done is not None:
+                return done, "moved already"  # a resumed action after a coordinator restart
+            views = self.views(pool)
+            slot = choose_slot(pool, views, exclude=from_job)
+            if slot is None:
+                why = _empty_reason(pool, views)
+                fall = Fallback(replica, from_job, self.clock(), why)
+                pool = replace(pool, fallbacks=(*pool.fallbacks, fall)[-_HISTORY:])
+                write_pool(self.run_dir, pool)
+                return None, why
+            nodes = views[slot.job_id].nodes
+            pool = assign(pool, slot, replica, script, from_job, nodes, self.clock())
+            write_pool(self.run_dir, pool)  # the slot's agent starts the replica from here
+            log.warning("replica %d: job %s -> spare slot %s on %s", replica, from_job,
+                        slot.job_id, ",".join(nodes))  # fmt: skip
+            try:
+                self.backend.cancel([from_job])
+            except SlurmCommandError as exc:  # the old job may already have ended
+                log.warning("cancel of job %s: %s", from_job, exc)
+            self._upkeep(pool, views)
+            return pool.moved_from(from_job), f"spare slot {slot.job_id}"
+
+    def upkeep(self) -> list[str]:
+        """Retire unhealthy idle slots and queue refills; returns what was done, for the log."""
+        with self._lock:
+            pool = self.pool()
+            return self._upkeep(pool, self.views(pool))
+
+    def _upkeep(self, pool: Pool, views: Mapping[str, SlotView]) -> list[str]:
+        plan = plan_upkeep(pool, views)
+        done: list[str] = []
+        if plan.cancel:
+            try:
+                self.backend.cancel(list(plan.cancel))
+                done.append(f"retired slots {','.join(plan.cancel)} (node failed a check)")
+            except SlurmCommandError as exc:
+                log.warning("cancel of slots %s: %s", plan.cancel, exc)
+                plan = replace(plan, drop=tuple(j for j in plan.drop if j not in plan.cancel))
+        slots = tuple(s for s in pool.slots if s.job_id not in plan.drop)
+        retired = (*pool.retired, *plan.cancel)[-_HISTORY:]
+        new = []
+        for _ in range(plan.submit):
+            try:
+                new.append(Slot(self.backend.submit(self.run_dir / SPARE_SCRIPT)))
+            except SlurmCommandError as exc:
+                log.warning("refill of the spare pool failed: %s", exc)
+                break
+        if new:
+            done.append(f"queued refill slots {','.join(s.job_id for s in new)}")
+        changed = new or plan.drop
+        if changed:
+            write_pool(self.run_dir, replace(pool, slots=slots + tuple(new), retired=retired))
+        return done
+
+    def summary(self) -> dict[str, Any]:
+        """The pool for `/v1/state` (the last views read; no Slurm call on a status request)."""
+        try:
+            return pool_summary(self.pool(), self._last_views)
+        except (PoolFileError, EnvironmentProblem) as exc:
+            return {"error": str(exc)}
+
+
+def _empty_reason(pool: Pool, views: Mapping[str, SlotView]) -> str:
+    states = [views[s.job_id].state or "gone" for s in pool.slots if s.job_id in views]
+    used = sum(1 for s in pool.slots if s.replica is not None)
+    return (
+        f"no spare free ({len(pool.slots)} slots: {used} in use, idle/queued states "
+        f"{','.join(st.lower() for st in states) or 'none'}): plain requeue, the replica waits "
+        "for the scheduler"
+    )
+
+
+def _expand(nodes: str) -> list[str]:
+    import hostlist
+
+    if not nodes or nodes.startswith("(") or " " in nodes:
+        return []
+    return list(hostlist.expand_hostlist(nodes))
+
+
+# -- coordinator hooks (called from runtime.control.coordinator) -------------------------------
+
+
+async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> bool:
+    """A Requeue or Release of the run's pool: True when handled here (the caller skips it).
+
+    Requeue: move the replica into a free slot (journaled as done, with the slot), then tell the
+    policy its job is the slot's (a `JobObserved`, so a replay rebuilds it). No slot free: the
+    plain requeue, journaled with why. Release of a job that moved: skipped, with where to."""
+    from runtime.control.policy import JobObserved, Release, Requeue
+
+    spares = coord.spares
+    assert spares is not None
+    action = stored.action
+    loop = asyncio.get_running_loop()
+    if isinstance(action, Release):
+        try:
+            moved = spares.pool().moved_from(action.job_id)
+        except (PoolFileError, EnvironmentProblem):
+            return False
+        if moved is None:
+            return False
+        coord.journal.attempt(stored.id, "skipped", f"replica moved to spare slot {moved.to_job}")
+        return True
+    if not isinstance(action, Requeue):
+        return False
+    script = _script_of(coord.config.run_dir, action.replica)
+    try:
+        move, why = await loop.run_in_executor(
+            None, spares.move, action.replica, action.job_id, script
+        )
+    except (SlurmCommandError, PoolFileError, EnvironmentProblem, InputError) as exc:
+        log.error("spare pool unusable, plain requeue: %s", exc)
+        move, why = None, f"spare pool unusable ({exc}): plain requeue"
+    if move is None:
+        coord.journal.attempt(stored.id, "started", why)
+        try:
+            outcome, detail = await loop.run_in_executor(None, coord._execute, action, resumed)
+        except (SlurmCommandError, InputError, EnvironmentProblem):
+            return False  # the caller's loop retries and journals the error
+        coord.journal.attempt(stored.id, outcome, f"{detail}; {why}")
+        return True
+    coord.journal.attempt(
+        stored.id, "done", f"moved to spare slot {move.to_job} on {','.join(move.nodes)}"
+    )
+    await coord.submit(
+        JobObserved(action.replica, move.to_job, 0, "RUNNING", coord.clock(), move.nodes)
+    )
+    return True
+
+
+async def on_poll(coord: Coordinator, every: int = 3) -> None:
+    """Every `every`-th poll: upkeep (retire, refill), then move a replica that waits in the
+    queue (an earlier fallback) into a slot that became free."""
+    spares = coord.spares
+    assert spares is not None
+    spares._polls += 1
+    if spares._polls % every:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        for line in await loop.run_in_executor(None, spares.upkeep):
+            log.warning("spare pool: %s", line)
+    except (SlurmCommandError, PoolFileError, EnvironmentProblem) as exc:
+        log.warning("spare pool upkeep: %s", exc)
+        return
+    from runtime.control.policy import JobObserved
+
+    for k, r in coord.state.replicas.items():
+        job = r.job_id
+        if job is None or coord.job_states.get(job) != "PENDING" or r.phase == "out":
+            continue
+        if choose_slot(spares.pool(), spares._last_views, exclude=job) is None:
+            return
+        script = _script_of(coord.config.run_dir, k)
+        move, _ = await loop.run_in_executor(None, spares.move, k, job, script)
+        if move is not None:
+            await coord.submit(JobObserved(k, move.to_job, 0, "RUNNING", coord.clock(), move.nodes))
+
+
+def _script_of(run_dir: Path, replica: int) -> str:
+    """The replica's script name as jobs.json records it."""
+    from slurm.run_dir import read_run
+
+    for rec in read_run(run_dir).replicas:
+        if rec.replica == replica and _SCRIPT.fullmatch(rec.script):
+            return rec.script
+    raise InputError("replica", replica, "a replica with a script in jobs.json")
+
+
+# -- the slot's side --------------------------------------------------------------------------
+
+
+def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: float = 15.0,
+          unlisted_grace_s: float = 120.0) -> int:  # fmt: skip
+    """Hold the slot until the coordinator assigns a replica, then become that replica's script.
+
+    Leaves (exit 0) when the control job has ended, or when the pool no longer lists this slot
+    after `unlisted_grace_s` (submit and refills write spares.json right after sbatch)."""
+    started = time.monotonic()
+    next_control = started
+    control_id = _control_job(run_dir)
+    backend = CommandBackend(retries=1, timeout=20.0)
+    while True:
+        try:
+            pool = read_pool(run_dir)
+        except PoolFileError as exc:
+            print(f"fthsdp spare: {exc}", file=sys.stderr)
+            pool = None
+        slot = pool.slot(job_id) if pool else None
+        if slot is not None and slot.replica is not None and slot.script is not None:
+            return _become(run_dir, slot)
+        if slot is None and pool is not None and time.monotonic() - started > unlisted_grace_s:
+            print(f"fthsdp spare: job {job_id} is not in the pool: leaving", file=sys.stderr)
+            return 0
+        if control_id and time.monotonic() >= next_control:
+            next_control = time.monotonic() + control_every_s
+            if _ended(backend, control_id):
+                print(f"fthsdp spare: control job {control_id} ended: leaving", file=sys.stderr)
+                return 0
+        time.sleep(poll_s)
+
+
+def _become(run_dir: Path, slot: Slot) -> int:
+    assert slot.script is not None and _SCRIPT.fullmatch(slot.script)
+    path = Path(run_dir) / slot.script
+    st = path.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        print(f"fthsdp spare: {path} is not this user's private script", file=sys.stderr)
+        return 2
+    print(f"fthsdp spare: running replica {slot.replica} ({slot.script})", file=sys.stderr)
+    sys.stderr.flush()
+    os.execv("/bin/bash", ["/bin/bash", str(path)])
+    return 0  # pragma: no cover - execv does not return
+
+
+def _control_job(run_dir: Path) -> str | None:
+    from slurm.run_dir import read_run
+
+    try:
+        record = read_run(run_dir)
+    except (InputError, OSError):
+        return None
+    return record.control.job_id if record.control else None
+
+
+def _ended(backend: SlurmBackend, job_id: str) -> bool:
+    try:
+        found = [i for i in backend.jobs([job_id]) if i.base_id == job_id and i.het_offset == 0]
+    except (SlurmCommandError, EnvironmentProblem):
+        return False  # unknown is not ended
+    return not found or found[0].state.upper() not in _LIVE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.control.spares")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("agent", help="run in a spare slot job: wait for a replica to host")
+    a.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not _JOB.fullmatch(job_id):
+        print("fthsdp spare: SLURM_JOB_ID is not set: run this inside a slot job", file=sys.stderr)
+        return 2
+    return agent(args.run_dir, job_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

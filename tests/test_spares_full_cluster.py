@@ -1,0 +1,275 @@
+"""A node fault on a full cluster: with a hot spare the replica is back in seconds; without one
+it waits in the queue behind another user's jobs.
+
+2 one-node replicas of `examples/train_tiny.py` + the control job on the 4-node session cluster
+(health gated: the Prolog gates every job, the replicas' watchdog reads simulated hardware).
+Every node the run does not hold is filled with `nobody`'s sleep jobs (one per node, all 8 GPUs,
+10-minute limit, submitted by uid: 26.05's sbatch refuses a user name). An Xid 79 goes into
+replica 1's node, and the test measures fault -> the replacement's step advancing.
+
+- `[spares] nodes = 1`: the run holds one idle slot job; replica 1 moves into it (its job id
+  becomes the slot's), within 20 s, and nobody's jobs keep their ids and stay RUNNING; a refill
+  slot is queued and waits like anyone's job.
+- no spares: replica 1's requeued job stays PENDING for the whole watch (60 s), nobody's jobs
+  untouched; the test does not wait out their 10 minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_harness import ROOT, SPEC, clean_up, fthsdp, health_gated
+
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+
+STEPS = 3000
+WATCH_PENDING_S = 60.0
+#: The bound this test proves for fault -> replacement's step advancing, with one spare.
+SPARE_BOUND_S = 20.0
+
+
+def spec_text(work: Path, name: str, spares: int) -> tuple[Path, Path]:
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir = work / "run"
+    text = SPEC.format(
+        name=name,
+        run_dir=run_dir,
+        python=os.environ.get("FTHSDP_TEST_PYTHON", _python()),
+        steps=STEPS,
+        straggler_mode="report",
+    )
+    text = text.replace("count = 3", "count = 2").replace("min_replicas = 2", "min_replicas = 1")
+    if spares:
+        text += f"\n[spares]\nnodes = {spares}\n"
+    spec = work / "spec.toml"
+    spec.write_text(text)
+    return spec, run_dir
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def status(env: dict[str, str], run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
+    return data
+
+
+def wait_status(env: dict[str, str], run_dir: Path, pred: Any, timeout: float, what: str,
+                every: float = 1.0) -> dict[str, Any]:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        last = status(env, run_dir)
+        if pred(last):
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[-3000:]}")
+
+
+def reps(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {r["replica"]: r for r in data["replicas"]}
+
+
+def squeue_state(job: str) -> str:
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+    )
+    return out.stdout.strip()
+
+
+def let_traverse(path: Path) -> list[tuple[Path, int]]:
+    """Let other users traverse (x, not read) the folders down to the cluster: slurmd starts
+    nobody's batch script from its spool under the pytest temp folder (0700, and pytest sets
+    it back to 0700 whenever another session starts). Returns what it changed."""
+    changed = []
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode & 0o777
+        if not mode & 0o001:
+            changed.append((p, mode))
+            p.chmod(mode | 0o001)
+    return changed
+
+
+def _sbatch_nobody(node: str, gpus: int) -> str:
+    uid = pwd.getpwnam("nobody").pw_uid
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--uid={uid}", f"--gid={uid}", "--chdir=/tmp",
+         "--output=/dev/null", "--job-name=other-user", "--time=10", "-p", "gpu",
+         f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--gres=gpu:{gpus}",
+         "--wrap", "sleep 600"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return out.stdout.strip().split(";")[0]
+
+
+def _running_for(job: str, timeout: float, settle: float = 3.0) -> bool:
+    """True once `job` has been RUNNING for `settle` seconds (its script started)."""
+    deadline = time.monotonic() + timeout
+    since = None
+    while time.monotonic() < deadline:
+        state = squeue_state(job)
+        if state == "RUNNING":
+            since = since or time.monotonic()
+            if time.monotonic() - since >= settle:
+                return True
+        elif state not in ("PENDING", "CONFIGURING"):
+            return False
+        time.sleep(0.5)
+    return False
+
+
+@contextlib.contextmanager
+def filled(cluster_dir: Path, nodes: list[str], gpus: int) -> Iterator[list[str]]:
+    """One sleep job of `nobody` on each node in `nodes`, holding all its GPUs, RUNNING when the
+    block starts; always cancelled, and the folder modes put back."""
+    jobs: list[str] = []
+    changed: list[tuple[Path, int]] = []
+    try:
+        for node in nodes:
+            for _ in range(4):  # a script that could not start (spool not traversable): again
+                changed += let_traverse(cluster_dir)
+                jobs.append(_sbatch_nobody(node, gpus))
+                if _running_for(jobs[-1], 90):
+                    break
+            else:
+                raise AssertionError(f"nobody's job never ran on {node}:\n{_squeue()}")
+        yield [j for j in jobs if squeue_state(j) == "RUNNING"]
+    finally:
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True, timeout=60, check=False)
+        for p, mode in reversed(changed):
+            with contextlib.suppress(OSError):
+                p.chmod(mode)
+
+
+def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str, Any]:
+    spec, run_dir = spec_text(work, name, spares)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    drained: str | None = None
+    out: dict[str, Any] = {}
+    try:
+        fthsdp(env, "submit", str(spec))
+
+        def ready(d: dict[str, Any]) -> bool:
+            r = reps(d)
+            ok = all(x["state"] == "training" and (x["step"] or 0) >= 10 for x in r.values())
+            pool = d.get("spares")
+            return ok and (not spares or bool(pool and pool.get("idle") == spares))
+
+        before = wait_status(env, run_dir, ready, 240, "replicas training (and the pool idle)")
+        held = {n for r in before["replicas"] for n in r["nodes"]}
+        if spares:
+            held |= {n for s in before["spares"]["slots"] for n in s["nodes"]}
+        others = [n for n in cfg.node_names if n not in held]
+        assert others, f"the run holds every node {held}: nothing to fill"
+        with filled(cfg.directory, others, cfg.gpus_per_node) as fillers:
+            victim = reps(before)[1]["nodes"][0]
+            old_job = reps(before)[1]["job_id"]
+            fthsdp(
+                env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(cfg.directory)
+            )
+            drained = victim
+            t_fault = time.monotonic()
+            if spares:
+                slot = before["spares"]["slots"][0]["job_id"]
+                first: list[int] = []
+
+                def advancing(d: dict[str, Any]) -> bool:
+                    r = reps(d)[1]
+                    if r["job_id"] != slot or r["state"] not in ("training", "healing"):
+                        return False
+                    first.append(r["step"] or 0)
+                    return (r["step"] or 0) > first[0]
+
+                after = wait_status(env, run_dir, advancing, 90, "replica 1 on the spare", 0.3)
+                out["fault_to_participating_s"] = time.monotonic() - t_fault
+                r1 = reps(after)[1]
+                assert r1["nodes"] == before["spares"]["slots"][0]["nodes"], r1
+                assert victim not in r1["nodes"]
+                assert squeue_state(old_job) in ("", "CANCELLED", "COMPLETING", "COMPLETED")
+                assert reps(after)[0]["job_id"] == reps(before)[0]["job_id"]
+                # A refill slot waits in the queue like anyone's job.
+                refill = wait_status(
+                    env,
+                    run_dir,
+                    lambda d: any(
+                        s["replica"] is None and s["state"] == "PENDING"
+                        for s in d["spares"]["slots"]
+                    ),
+                    30,
+                    "a queued refill slot",
+                )
+                out["pool_after"] = refill["spares"]
+                requeue = _journal_requeue(run_dir)
+                assert requeue and f"moved to spare slot {slot}" in requeue, requeue
+            else:
+                waited = time.monotonic()
+                seen = []
+                while time.monotonic() - waited < WATCH_PENDING_S:
+                    d = status(env, run_dir)
+                    r1 = reps(d)[1]
+                    seen.append((round(time.monotonic() - t_fault, 1), r1["slurm_state"]))
+                    assert r1["job_id"] == old_job
+                    if r1["slurm_state"] == "RUNNING" and time.monotonic() - t_fault > 5:
+                        raise AssertionError(f"replica 1 ran again: {seen}\n{_squeue()}")
+                    time.sleep(2)
+                assert squeue_state(old_job) == "PENDING", seen
+                out["pending_watched_s"] = time.monotonic() - t_fault
+                out["pending_trace"] = seen[-3:]
+            # The other user's jobs were never touched.
+            assert [squeue_state(j) for j in fillers] == ["RUNNING"] * len(fillers)
+            out["fillers"] = fillers
+    finally:
+        clean_up(env, run_dir, cfg, drained)
+    return out
+
+
+def _squeue() -> str:
+    out = subprocess.run(
+        ["squeue", "-o", "%i %j %T %N %r %u"], capture_output=True, text=True, timeout=30
+    )
+    return out.stdout
+
+
+def _journal_requeue(run_dir: Path) -> str:
+    import sqlite3
+
+    db = sqlite3.connect(run_dir / "control.sqlite")
+    try:
+        rows = db.execute(
+            "SELECT a.detail FROM attempts a JOIN actions b ON a.action_id = b.id "
+            "WHERE b.type = 'Requeue' ORDER BY a.id"
+        ).fetchall()
+    finally:
+        db.close()
+    return " | ".join(str(r[0]) for r in rows)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_spare_takes_the_failed_replica_on_a_full_cluster(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    backend = CommandBackend()
+    with health_gated(slurm_cluster) as gated:
+        with_spare = _run(gated, tmp_path / "spare", "spares1", spares=1)
+        print(json.dumps({"with_spare": with_spare}, indent=1))
+        without = _run(gated, tmp_path / "none", "spares0", spares=0)
+    print(json.dumps({"with_spare": with_spare, "without": without}, indent=1))
+    assert with_spare["fault_to_participating_s"] <= SPARE_BOUND_S, with_spare
+    assert without["pending_watched_s"] >= WATCH_PENDING_S
+    assert not [n.name for n in backend.nodes() if n.drained_by_us]

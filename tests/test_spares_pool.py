@@ -1,0 +1,151 @@
+"""The spare pool's pure decisions and its file, by tables (no Slurm)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.control.spares import (
+    Pool,
+    PoolFileError,
+    Slot,
+    SlotView,
+    assign,
+    choose_slot,
+    plan_upkeep,
+    pool_summary,
+    read_pool,
+    write_pool,
+)
+from slurm.errors import InputError
+from slurm.spec import parse_spec
+
+IDLE = Slot("11")
+IDLE2 = Slot("12")
+BUSY = Slot("13", replica=1, script="replica-01.sbatch", since=5.0)
+
+
+def view(job: str, state: str | None = "RUNNING", nodes: str = "n1", bad: str = "") -> SlotView:
+    return SlotView(
+        job, state, tuple(nodes.split(",")) if nodes else (), tuple(bad.split(",")) if bad else ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("slots", "views", "exclude", "chosen"),
+    [
+        # the oldest idle, running, healthy slot
+        ((IDLE, IDLE2), {"11": view("11"), "12": view("12", nodes="n2")}, "", "11"),
+        # a slot still waiting for nodes cannot take a replica
+        ((IDLE, IDLE2), {"11": view("11", "PENDING", ""), "12": view("12")}, "", "12"),
+        # a slot on a node that failed a check is skipped
+        ((IDLE, IDLE2), {"11": view("11", bad="n1"), "12": view("12")}, "", "12"),
+        # a slot that hosts a replica already is not free
+        ((BUSY,), {"13": view("13")}, "", None),
+        # the failed job itself (a replica on a slot failing again) is never its own target
+        ((IDLE,), {"11": view("11")}, "11", None),
+        # a slot Slurm was not asked about (no view) is not chosen on faith
+        ((IDLE,), {}, "", None),
+        # an empty pool
+        ((), {}, "", None),
+    ],
+)
+def test_choose_slot(
+    slots: tuple[Slot, ...], views: dict[str, SlotView], exclude: str, chosen: str | None
+) -> None:
+    got = choose_slot(Pool(1, slots), views, exclude)
+    assert (got.job_id if got else None) == chosen
+
+
+@pytest.mark.parametrize(
+    ("target", "slots", "views", "cancel", "drop", "submit"),
+    [
+        # full pool: nothing to do
+        (1, (IDLE,), {"11": view("11")}, (), (), 0),
+        # a queued slot counts as available: no second refill
+        (1, (IDLE,), {"11": view("11", "PENDING", "")}, (), (), 0),
+        # the slot now hosts a replica: one refill
+        (1, (BUSY,), {"13": view("13")}, (), (), 1),
+        # a hosting slot that ended is forgotten; still one refill
+        (1, (BUSY,), {"13": view("13", "COMPLETED")}, (), ("13",), 1),
+        # an idle slot on a drained node is retired and replaced
+        (1, (IDLE,), {"11": view("11", bad="n1")}, ("11",), ("11",), 1),
+        # a slot Slurm no longer lists is forgotten and replaced
+        (2, (IDLE, IDLE2), {"11": view("11", None, ""), "12": view("12")}, (), ("11",), 1),
+        # no answer from Slurm for a slot: it is assumed alive (never over-submit)
+        (1, (IDLE,), {}, (), (), 0),
+        # target 0 (spares = 0 after an edit): nothing queued
+        (0, (), {}, (), (), 0),
+    ],
+)
+def test_plan_upkeep(
+    target: int,
+    slots: tuple[Slot, ...],
+    views: dict[str, SlotView],
+    cancel: tuple[str, ...],
+    drop: tuple[str, ...],
+    submit: int,
+) -> None:
+    plan = plan_upkeep(Pool(target, slots), views)
+    assert (plan.cancel, plan.drop, plan.submit) == (cancel, drop, submit)
+
+
+def test_assign_records_the_move_and_the_file_round_trips(tmp_path: Path) -> None:
+    pool = assign(Pool(1, (IDLE,)), IDLE, 1, "replica-01.sbatch", "7", ("n1",), 9.0)
+    assert pool.slot("11") == Slot("11", 1, "replica-01.sbatch", 9.0)
+    assert pool.moved_from("7") is not None and pool.moved_from("7").to_job == "11"  # type: ignore[union-attr]
+    write_pool(tmp_path, pool)
+    assert (tmp_path / "spares.json").stat().st_mode & 0o777 == 0o600
+    assert read_pool(tmp_path) == pool
+    summary = pool_summary(pool, {"11": view("11")})
+    assert (summary["idle"], summary["in_use"], summary["slots"][0]["replica"]) == (0, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [],
+        {"slots": []},  # no target
+        {"target": -1},
+        {"target": 1, "slots": [{"job_id": "1; rm -rf /"}]},
+        {"target": 1, "slots": [{"job_id": "1", "replica": 0, "script": "../../bin/sh"}]},
+        {"target": 1, "slots": [{"job_id": "1", "replica": 0}]},  # a replica without its script
+        {"target": 1, "slots": [{"job_id": "1", "replica": -2, "script": "replica-00.sbatch"}]},
+    ],
+)
+def test_a_bad_pool_file_is_refused(tmp_path: Path, data: object) -> None:
+    (tmp_path / "spares.json").write_text(json.dumps(data))
+    with pytest.raises(PoolFileError, match=r"spares\.json"):
+        read_pool(tmp_path)
+
+
+def test_no_pool_file_means_no_spares(tmp_path: Path) -> None:
+    assert read_pool(tmp_path) is None
+
+
+BASE = {"job": {"name": "a", "run_dir": "/tmp/a"}, "train": {"command": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "spares", "error"),
+    [
+        ({"count": 2}, {}, None),
+        ({"count": 2}, {"nodes": 1}, None),
+        ({"count": 2, "nodes": 2}, {"nodes": 4}, None),
+        ({"count": 2, "nodes": 2}, {"nodes": 3}, "a multiple of replicas.nodes=2"),
+        ({"count": 2}, {"nodes": -1}, "must be an integer >= 0"),
+        ({"count": 2, "constraint": ["a", "b"]}, {"nodes": 1}, "per-replica constraint"),
+        ({"count": 2}, {"node": 1}, "did you mean 'nodes'"),
+    ],
+)
+def test_spares_section(
+    replicas: dict[str, object], spares: dict[str, object], error: str | None
+) -> None:
+    data = dict(BASE, replicas=replicas, spares=spares)
+    if error is None:
+        assert parse_spec(data).spares.nodes == spares.get("nodes", 0)
+    else:
+        with pytest.raises(InputError, match=error):
+            parse_spec(data)
