@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -53,6 +54,15 @@ class GroupEndpoints:
     lighthouse: str
     master_addr: str
     master_port: int
+
+
+def torchft_timeouts(op_s: float, quorum_s: float, connect_s: float) -> list[tuple[str, str]]:
+    """torchft's timeout variables; it reads whole seconds (`int()`), so fractions round up."""
+    return [
+        ("TORCHFT_TIMEOUT_SEC", str(math.ceil(op_s))),
+        ("TORCHFT_QUORUM_TIMEOUT_SEC", str(math.ceil(quorum_s))),
+        ("TORCHFT_CONNECT_TIMEOUT_SEC", str(math.ceil(connect_s))),
+    ]
 
 
 def launch_env(found: GroupEndpoints) -> dict[str, str]:

@@ -38,7 +38,7 @@ from typing import Literal
 
 import jinja2
 
-from runtime.foreign import dump_dir
+from runtime.foreign import dump_dir, torchft_timeouts
 from slurm.errors import InputError
 from slurm.spec import JobSpec
 
@@ -148,9 +148,7 @@ def foreign_env(spec: JobSpec, replica: int) -> list[tuple[str, str]]:
         ("FTHSDP_DUMP_DIR", str(dump_dir(spec.run_dir, replica))),
         ("REPLICA_GROUP_ID", str(replica)),
         ("NUM_REPLICA_GROUPS", groups),
-        ("TORCHFT_TIMEOUT_SEC", _num(t.allreduce_timeout_s)),
-        ("TORCHFT_QUORUM_TIMEOUT_SEC", _num(t.quorum_timeout_s)),
-        ("TORCHFT_CONNECT_TIMEOUT_SEC", _num(t.join_timeout_s)),
+        *torchft_timeouts(t.allreduce_timeout_s, t.quorum_timeout_s, t.join_timeout_s),
     ]
     if t.progress_regex is not None:
         env.append(("FTHSDP_PROGRESS_REGEX", t.progress_regex))

@@ -197,6 +197,26 @@ def run(
     from slurm.spec import load_spec
 
     job = load_spec(spec, overrides)
+    if job.train.mode == "torchft":
+        from fthsdp_cli.commands.run_foreign import run_foreign
+
+        return run_foreign(
+            job,
+            native_only={
+                "--steps": steps,
+                "--ranks-per-replica": ranks_per_replica,
+                "--chaos-mtbf": chaos_mtbf,
+                "--slow-replica": slow_replica,
+                "--resume": resume,
+            },
+            replicas=replicas,
+            run_dir=run_dir,
+            kill_replica=kill_replica,
+            at_step=at_step,
+            restart_delay=restart_delay,
+            timeout_s=timeout_s,
+            as_json=as_json,
+        )
     cfg = config_from_spec(
         job,
         replicas=replicas,
