@@ -12,8 +12,9 @@ Each repeat: `WINDOW_S` seconds of 1,000 status reports per second (each of the 
 replicas once a second, phases spread over the second), and in its middle a burst of 100 fatal
 node-fault reports at once from 100 other replicas (a fresh group each repeat). Figures: report
 latency p50/p99, reports/s answered, refused or lost reports, the coordinator's CPU (cores) and
-RSS, journal growth (extrapolated to an hour), and fatal report -> Slurm requeue call.
-Target: p99 < 100 ms at 1,000 reports/s on this machine, no report lost.
+RSS, its CPU time per answered report, journal growth (extrapolated to an hour) and size at the
+end, and fatal report -> Slurm requeue call. Target: p99 < 100 ms at 1,000 reports/s on this
+machine, no report lost.
 
     python benchmarks/control_load.py [--repeat 5] [--replicas 1000] [--window 10]
 """
@@ -355,6 +356,9 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=8.0, help="seconds of load per window")
     parser.add_argument("--low", type=int, default=200, help="reporters in the lighter window")
     parser.add_argument("--repeat", type=int, default=repeats_arg())
+    parser.add_argument(
+        "--nice", type=int, default=0, help="scheduling priority of both processes (root: < 0)"
+    )
     args = parser.parse_args()
     steady, repeats = args.replicas, args.repeat
     total = steady + 2 * BURST * repeats
@@ -365,6 +369,13 @@ def main() -> int:
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # A control job has its own cores; on a shared machine `--nice -10` (root) keeps other work
+    # from taking them (at the cost of that work's own figures). Recorded in the JSON.
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        niced = args.nice
+    except (PermissionError, OSError):
+        niced = os.getpriority(os.PRIO_PROCESS, 0)
     run_dir = Path(tempfile.mkdtemp(prefix="fthsdp-control-load-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CONTROL_LOAD_REPLICAS": str(total)}
     log = open(run_dir / "coordinator.log", "wb")  # noqa: SIM115
@@ -388,14 +399,16 @@ def main() -> int:
         run = Run(
             "control_load",
             "Control plane under load",
-            f"One coordinator process (aiohttp, SQLite journal with WAL and synchronous=FULL, "
+            f"One coordinator process (aiohttp, SQLite journal with WAL and synchronous=FULL "
+            f"written by group commit: one fsync per batch, decisions answered once durable; "
             f"in-memory Slurm backend). Each repeat runs two windows, interleaved: {steady:,} "
             f"and {args.low:,} replica leaders each sending a signed status report once a second "
             f"for {args.window:g} s over fresh loopback connections; mid-window a burst of "
             f"{BURST} fatal node-fault reports at once from {BURST} other replicas "
             f"({total:,} replicas configured). After each window, 16 leaders post back to back "
             "for 5 s (the coordinator's capacity). The leaders share the 2 cores with the "
-            "coordinator, so latencies include the load generator's own lag.",
+            f"coordinator, so latencies include the load generator's own lag, and any other "
+            f"work on the machine (both ran at nice {niced}; see the load averages).",
             repeats,
         )
         loads = [steady, args.low]
@@ -429,6 +442,7 @@ def main() -> int:
                 "lost": sum(1 for st, _, _ in got["results"] if st == -1),
                 "refused": sum(1 for st, _, _ in got["results"] if st not in (200, -1)),
                 "cpu": (cpu1 - cpu0) / (t1 - t0),
+                "cpu_ms": (cpu1 - cpu0) * 1000 / max(1, len(got["results"]) + len(burst)),
                 "rss": _proc_rss_mib(proc.pid),
                 "journal_h": (bytes1 - bytes0) / (t1 - t0) * 3600 / 2**20,
                 "fatal_ok": fatal_ok,
@@ -479,6 +493,7 @@ def main() -> int:
             )
             run.row(f"reports refused per window, {at}", f["refused"], "", digits=0)
             run.row(f"coordinator CPU (cores), {at}", f["cpu"], "", digits=2)
+            run.row(f"coordinator CPU time per report, {at}", f["cpu_ms"], "ms", digits=3)
             run.row(
                 f"backlog after the window (until a report is answered in 100 ms), {at}",
                 f["backlog_s"],
@@ -517,19 +532,33 @@ def main() -> int:
             f"- Target p99 < 100 ms at {steady:,} reports/s with no report lost: "
             + ("met." if ok else f"missed (median p99 {p99:.0f} ms, {rps:,.0f} reports/s).")
         )
+        end_mib = _journal_bytes(run_dir) / 2**20
         run.notes.append(
-            "- Why one coordinator tops out: every accepted report is one SQLite transaction "
-            "with synchronous=FULL (one fsync, about 2 ms on this VM's disk in a bare sqlite "
-            "loop) on the coordinator's only event loop, so reports beyond its capacity queue "
-            "and then time out. Holding 1,000 reports/s needs the journal to commit in groups "
-            "(one fsync per batch collected over a few milliseconds, each report answered once "
-            "its batch is durable), or status reports that change no decision kept in memory "
-            "and journaled in batches; per-node watchdog reports need a fan-in per replica. "
-            "These are changes to `runtime/control` (journal, coordinator), not made here."
+            "- What holds 1,000 reports/s on one event loop: the journal commits in groups (a "
+            "writer thread with its own SQLite connection commits whatever was queued since its "
+            "last commit, one fsync per batch); a fatal report is answered, and its drain and "
+            "requeue carried out, only once its batch is durable, while a status report that "
+            "decided nothing is answered at once (the next report replaces it). Before this, "
+            "one fsync'd commit per report on the event loop and the straggler monitor's walk "
+            "over every replica per report (about 5 ms at 2,200 replicas) held one coordinator "
+            "to about 130 reports/s (p99 10.6 s at 1,000/s)."
+        )
+        run.notes.append(
+            f"- Journal growth is bounded: the extrapolated rate above is the first minutes' "
+            f"fill; compaction (every 4 events per replica) keeps one snapshot, the decisions "
+            f"and the nonces of the last 600 s, so the journal levels off near "
+            f"600 s x reports/s x ~100 bytes (about 60 MB at 1,000 reports/s); it was "
+            f"{end_mib:.0f} MiB after this benchmark."
+        )
+        run.notes.append(
+            "- Past its capacity the coordinator answers 503 with Retry-After before checking "
+            "anything (its event loop running more than 1 s late, or a journal write waiting "
+            "that long): refused reports above are those, never a 4xx; a leader sends again."
         )
         run.extra["journal_bytes_end"] = _journal_bytes(run_dir)
         run.extra["replicas_configured"] = total
         run.extra["window_s"] = args.window
+        run.extra["nice"] = niced
         run.write()
         return 0
     finally:

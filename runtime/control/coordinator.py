@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -519,11 +520,13 @@ class Coordinator:
         for job_id in ids:
             if job_id not in listed:
                 self.job_states[job_id] = None  # purged by Slurm: it ended a while ago
-        for info in infos:
+        for n, info in enumerate(infos):
+            if n % 64 == 63:
+                await asyncio.sleep(0)  # a poll of 1,000 jobs must not hold reports back
             if info.het_offset != 0 or info.base_id not in ids:
                 continue
             self.job_states[info.base_id] = info.state
-            nodes = tuple(_expand(info.nodes))
+            nodes = _expand_once(info.nodes)
             self.allocations[info.base_id] = nodes
             event = JobObserved(
                 ids[info.base_id], info.base_id, info.restarts, info.state, self.clock(), nodes
@@ -644,6 +647,12 @@ def _expand(nodes: str) -> list[str]:
     if not nodes or nodes.startswith("(") or " " in nodes:
         return []
     return list(hostlist.expand_hostlist(nodes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _expand_once(nodes: str) -> tuple[str, ...]:
+    """`_expand`, remembered: every poll sees the same hostlists again."""
+    return tuple(_expand(nodes))
 
 
 def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:

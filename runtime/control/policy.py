@@ -93,6 +93,16 @@ class ReplicaState:
     def epoch(self) -> tuple[str | None, int, int]:
         return (self.job_id, self.restarts, self.launch)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReplicaState:
+        """A full copy made by hand: every event copies its replica, and the generic deepcopy
+        of these few containers of plain values cost more than the rest of a report."""
+        new = copy.copy(self)
+        new.old_jobs = list(self.old_jobs)
+        new.nodes = list(self.nodes)
+        new.incarnations = {k: list(v) for k, v in self.incarnations.items()}
+        new.failures = list(self.failures)
+        return new
+
 
 @dataclass
 class RunState:
