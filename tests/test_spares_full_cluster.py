@@ -79,6 +79,25 @@ def wait_status(env: dict[str, str], run_dir: Path, pred: Any, timeout: float, w
     raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[-3000:]}")
 
 
+def steady(env: dict[str, str], run_dir: Path, ready: Any, timeout: float = 300) -> dict[str, Any]:
+    """The status once `ready` holds twice 5 s apart with every replica's step risen and no
+    relaunch in between: a replica that was just relaunched (a step killed at start, seen on
+    24.11) must not overlap the fault this test measures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        a = wait_status(env, run_dir, ready, max(deadline - time.monotonic(), 1), "training")
+        time.sleep(5)
+        b = status(env, run_dir)
+        ra, rb = reps(a), reps(b)
+        if ready(b) and all(
+            rb[k]["relaunches"] == ra[k]["relaunches"]
+            and (rb[k]["step"] or 0) > (ra[k]["step"] or 0)
+            for k in ra
+        ):
+            return b
+        assert time.monotonic() < deadline, f"never steady: {json.dumps(b)[-2000:]}"
+
+
 def reps(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["replica"]: r for r in data["replicas"]}
 
@@ -169,7 +188,7 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
             pool = d.get("spares")
             return ok and (not spares or bool(pool and pool.get("idle") == spares))
 
-        before = wait_status(env, run_dir, ready, 240, "replicas training (and the pool idle)")
+        before = steady(env, run_dir, ready)
         held = {n for r in before["replicas"] for n in r["nodes"]}
         if spares:
             held |= {n for s in before["spares"]["slots"] for n in s["nodes"]}

@@ -19,7 +19,7 @@ from rich.table import Table
 from slurm.errors import InputError
 
 
-def _parse_counts(text: str | None) -> list[int] | None:
+def _parse_counts(text: str | None, option: str = "--sweep-replicas") -> list[int] | None:
     if text is None:
         return None
     try:
@@ -27,8 +27,26 @@ def _parse_counts(text: str | None) -> list[int] | None:
     except ValueError:
         counts = []
     if not counts:
-        raise InputError("--sweep-replicas", text, "a comma-separated list of whole numbers")
+        raise InputError(option, text, "a comma-separated list of whole numbers")
     return counts
+
+
+def spares_table(rows: list[dict[str, Any]]) -> Table:
+    """ETTR vs spare nodes: what each K buys, and what it costs in nodes held."""
+    table = Table(title="FT-HSDP with hot spares (ETTR vs spare nodes)")
+    for col in ("spare nodes", "slots", "ETTR", "per node held", "recovery s", "moves/day"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        rec = r["recovery_s_mean"]
+        table.add_row(
+            str(r["spare_nodes"]),
+            str(r["spare_slots"]),
+            f"{r['ettr']:.1%}",
+            f"{r['ettr_per_node_held']:.1%}",
+            "-" if rec is None else f"{rec:.0f}",
+            f"{r['spare_moves_per_day']:.1f}",
+        )
+    return table
 
 
 #: What matplotlib writes without extra packages; anything else fails only after the run.
@@ -177,6 +195,16 @@ def _option_names(ctx: click.Context) -> dict[str, str]:
 @click.option(
     "--sweep-replicas", default=None, help="Comma-separated replica counts, e.g. 1,2,4,12."
 )
+@click.option(
+    "--queue-wait-s",
+    type=float,
+    default=None,
+    help="Mean queue wait for nodes when a replica is requeued (0: nodes free at once).",
+)
+@click.option(
+    "--spare-nodes", type=int, default=None, help="Nodes held as hot spares ([spares] nodes)."
+)
+@click.option("--sweep-spares", default=None, help="Comma-separated spare node counts: ETTR vs K.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--plot",
@@ -202,6 +230,9 @@ def simulate(
     runs: int | None,
     seed: int | None,
     sweep_replicas: str | None,
+    queue_wait_s: float | None,
+    spare_nodes: int | None,
+    sweep_spares: str | None,
     as_json: bool,
     plot: Path | None,
 ) -> None:
@@ -216,6 +247,7 @@ def simulate(
     if plot is not None:
         check_plot_path(plot)
     counts = _parse_counts(sweep_replicas)
+    spares = _parse_counts(sweep_spares, "--sweep-spares")
     try:
         params = params_from_options(
             preset,
@@ -234,7 +266,18 @@ def simulate(
             days=days,
             runs=runs,
             seed=seed,
+            queue_wait_s=queue_wait_s,
+            spare_nodes=spare_nodes,
         )
+        if spares is not None:
+            from runtime.sim import spares_sweep
+
+            rows = spares_sweep(params, spares)
+            if as_json:
+                click.echo(json.dumps(rows, indent=2))
+            else:
+                Console().print(spares_table(rows))
+            return
         if as_json:
             comparisons = compare(params, counts)
         else:

@@ -6,7 +6,7 @@ textbook's closed forms (cluster MTBF, Young/Daly), `engine` the vectorised Mont
 """
 
 from runtime.sim.analytic import cluster_mtbf_hours, power_law_interpolate, young_daly_interval_s
-from runtime.sim.engine import Comparison, ModeRuns, compare, simulate_mode
+from runtime.sim.engine import Comparison, ModeRuns, compare, simulate_mode, spares_sweep
 from runtime.sim.params import PRESETS, SimParams, params_from_options
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "params_from_options",
     "power_law_interpolate",
     "simulate_mode",
+    "spares_sweep",
     "young_daly_interval_s",
 ]

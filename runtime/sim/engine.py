@@ -58,6 +58,9 @@ class ModeRuns:
     job_losses: IntArray  # failures that left no healthy replica (rollback to checkpoint)
     recoveries: IntArray  # replica (re)joins
     recovery_s: FloatArray  # summed failure-to-training-again time of those rejoins
+    spare_moves: IntArray | None = None  # replacements that came from a spare slot
+    spare_nodes: int = 0  # nodes held idle besides the job's own
+    nodes: int = 0  # the job's own nodes
 
     @property
     def ettr(self) -> FloatArray:
@@ -93,6 +96,14 @@ class ModeRuns:
             "failures_per_day": failures / runs / days,
             "absorbed_per_day": float(self.absorbed.sum()) / runs / days,
             "job_losses_per_day": float(self.job_losses.sum()) / runs / days,
+            "spare_nodes": self.spare_nodes,
+            # ETTR counted over every node held, spares included: what the spares cost.
+            "ettr_per_node_held": (
+                mean * self.nodes / (self.nodes + self.spare_nodes) if self.nodes else mean
+            ),
+            "spare_moves_per_day": (
+                float(self.spare_moves.sum()) / runs / days if self.spare_moves is not None else 0
+            ),
         }
 
 
@@ -117,6 +128,15 @@ class _Lockstep:
         self.job_total = shaped.job_restart_s()
         self.excess = p.first_step_excess_s
         self.qstall = p.quorum_stall_s
+        # Replacement capacity: per-replica reallocation = detection + alloc + rest, where alloc
+        # is a move into a spare slot, or the queue (alloc_partial_s + an exponential wait).
+        self.detect = p.detection_s
+        self.rest = self.part_total - p.detection_s - p.alloc_partial_s
+        self.alloc = p.alloc_partial_s
+        self.qwait = p.queue_wait_s
+        self.move = p.spare_move_s
+        self.slot_free_at = np.zeros((k, shaped.spare_slots if r > 1 else 0))
+        self.spare_moves = np.zeros(k, dtype=np.int64)
 
         self.t = np.zeros(k)
         self.stall_until = np.zeros(k)
@@ -187,8 +207,9 @@ class _Lockstep:
 
         # A healthy peer remains: only this replica restarts; the peers wait for the quorum.
         pr, prep, pt = rows[peers], replica[peers], t[peers]
-        self.down_until[pr, prep] = pt + self.part_total
-        self.vuln_from[pr, prep] = pt + self.part_alloc_end
+        alloc = self._replacement(pr, pt)
+        self.down_until[pr, prep] = pt + self.detect + alloc + self.rest
+        self.vuln_from[pr, prep] = pt + self.detect + alloc
         stalled = was_up[peers]
         self.stall_until[pr[stalled]] = np.maximum(
             self.stall_until[pr[stalled]], pt[stalled] + self.qstall
@@ -204,6 +225,27 @@ class _Lockstep:
         self.up[lr] = False
         self.down_until[lr] = (lt + self.job_total)[:, None]
         self.vuln_from[lr] = (lt + self.job_alloc_end)[:, None]
+
+    def _wait(self, n: int) -> FloatArray:
+        return self.rng.exponential(self.qwait, n) if self.qwait > 0 else np.zeros(n)
+
+    def _replacement(self, rows: npt.NDArray[np.int64], t: FloatArray) -> FloatArray:
+        """Seconds from detection to nodes for a failed replica of each run in `rows` (at `t`):
+        a free spare slot (`spare_move_s`), else the queue (`alloc_partial_s` + a wait), or a
+        slot that comes back before the queue answers. A used slot is refilled via the queue."""
+        queued = self.alloc + self._wait(rows.size)
+        if self.slot_free_at.shape[1] == 0 or rows.size == 0:
+            return queued
+        free_at = self.slot_free_at[rows]
+        j = free_at.argmin(axis=1)
+        ready = np.maximum(free_at[np.arange(rows.size), j] - t, 0.0)
+        use = ready + self.move < queued
+        alloc = np.where(use, ready + self.move, queued)
+        self.slot_free_at[rows[use], j[use]] = (
+            t[use] + ready[use] + self.alloc + self._wait(int(use.sum()))
+        )
+        self.spare_moves[rows[use]] += 1
+        return alloc
 
     def _fail(self, rows: npt.NDArray[np.bool_]) -> None:
         idx = np.flatnonzero(rows)
@@ -251,6 +293,9 @@ class _Lockstep:
             job_losses=self.job_losses,
             recoveries=self.recoveries,
             recovery_s=self.recovery_s,
+            spare_moves=self.spare_moves,
+            spare_nodes=self.p.spare_nodes if self.r > 1 else 0,
+            nodes=self.p.nodes,
         )
 
 
@@ -295,3 +340,17 @@ def compare(p: SimParams, replica_counts: list[int] | None = None) -> list[Compa
         p.with_changes(replicas=r).validated()
     sync = simulate_mode(p, 1, stream=0, mode="sync")
     return [Comparison(sync=sync, fthsdp=simulate_mode(p, r, stream=r)) for r in counts]
+
+
+def spares_sweep(p: SimParams, spare_nodes: list[int]) -> list[dict[str, Any]]:
+    """FT-HSDP with `p.replicas` replicas for each spare node count: ETTR vs K.
+
+    Every count replays the same random stream (common random numbers), so the differences
+    between counts are the spares' doing, not the draw's."""
+    p.validated()
+    out = []
+    for k in spare_nodes:
+        q = p.with_changes(spare_nodes=k).validated()
+        runs = simulate_mode(q, q.replicas, stream=q.replicas)
+        out.append({"spare_nodes": k, "spare_slots": q.spare_slots, **runs.summary()})
+    return out

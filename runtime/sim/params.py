@@ -60,6 +60,15 @@ class SimParams:
     report_interval_s: float = 1.0
     reporters_per_replica: int = 1
     report_cost_s: float = MEASURED_REPORT_COST_S
+    # Replacement capacity (docs/simulator.md, "Hot spares"). `queue_wait_s`: mean wait
+    # (exponential) for nodes when a failed replica has to go back to the queue of a busy
+    # cluster; 0 = nodes are free at once (the paper's "partial reallocation in 20-40 s").
+    # `spare_nodes`: nodes held idle by the run, in whole replicas (slots of nodes/replicas);
+    # a replica moves into a free slot in `spare_move_s` instead of `alloc_partial_s` + the
+    # wait, and the used slot is refilled through the queue (alloc_partial_s + a wait).
+    queue_wait_s: float = 0.0
+    spare_nodes: int = 0
+    spare_move_s: float = 2.0
     days: float = 30.0
     runs: int = 100
     seed: int = 0
@@ -73,6 +82,11 @@ class SimParams:
     @property
     def replica_gpus(self) -> int:
         return self.gpus // self.replicas
+
+    @property
+    def spare_slots(self) -> int:
+        """Whole-replica slots the spare nodes make (a slot replaces a whole replica)."""
+        return self.spare_nodes // max(self.nodes // self.replicas, 1)
 
     @property
     def horizon_s(self) -> float:
@@ -211,8 +225,14 @@ class SimParams:
             "step_s",
             "quorum_stall_s",
             "checkpoint_write_s",
+            "queue_wait_s",
+            "spare_move_s",
         ):
             _non_negative(name, getattr(self, name))
+        if isinstance(self.spare_nodes, bool) or not isinstance(self.spare_nodes, int):
+            raise InputError("spare_nodes", self.spare_nodes, "must be a whole number >= 0")
+        if self.spare_nodes < 0:
+            raise InputError("spare_nodes", self.spare_nodes, "must be a whole number >= 0")
         if not (self.days > 0 and math.isfinite(self.days)):
             raise InputError("days", self.days, "must be > 0")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:
