@@ -32,6 +32,8 @@ from runtime.foreign import INCARNATION_VAR, FileProgress, LineProgress, stop_le
 
 log = logging.getLogger("fthsdp.foreign")
 
+#: Longest piece of a line read at once (a longer line is matched in pieces).
+MAX_LINE = 1 << 16
 #: Seconds between a SIGTERM to a step the watchdog condemned and the SIGKILL.
 STOP_GRACE_S = 10.0
 
@@ -141,7 +143,8 @@ class ForeignStep:
         threading.Thread(target=finish, daemon=True).start()
 
     def _tee(self, source: IO[bytes], sink: IO[bytes]) -> None:
-        for raw in iter(source.readline, b""):
+        # Bounded reads: a progress bar redrawn with CR and no LF must not grow one huge line.
+        for raw in iter(lambda: source.readline(MAX_LINE), b""):
             try:
                 sink.write(raw)
                 sink.flush()
