@@ -202,8 +202,9 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
             )
             drained = victim
             t_fault = time.monotonic()
+            out["fault_at"] = time.time()
             if spares:
-                slot = before["spares"]["slots"][0]["job_id"]
+                slot = out["slot"] = before["spares"]["slots"][0]["job_id"]
                 first: list[int] = []
 
                 def advancing(d: dict[str, Any]) -> bool:
@@ -292,3 +293,52 @@ def test_spare_takes_the_failed_replica_on_a_full_cluster(
     assert with_spare["fault_to_participating_s"] <= SPARE_BOUND_S, with_spare
     assert without["pending_watched_s"] >= WATCH_PENDING_S
     assert not [n.name for n in backend.nodes() if n.drained_by_us]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_spare_that_fails_its_check_is_drained_and_replaced(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    """An Xid 79 on the idle spare's node: the HealthCheckProgram drains it like any node, the
+    coordinator retires the slot and queues a new one, which starts on a healthy node."""
+    backend = CommandBackend()
+    with health_gated(slurm_cluster) as cfg:
+        spec, run_dir = spec_text(tmp_path, "sparehc", 1)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+        victim: str | None = None
+        try:
+            fthsdp(env, "submit", str(spec))
+            before = wait_status(
+                env,
+                run_dir,
+                lambda d: bool(d.get("spares") and d["spares"].get("idle") == 1),
+                240,
+                "an idle spare",
+            )
+            (slot,) = before["spares"]["slots"]
+            victim = slot["nodes"][0]
+            fthsdp(
+                env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(cfg.directory)
+            )
+
+            def replaced(d: dict[str, Any]) -> bool:
+                pool = d["spares"]
+                return slot["job_id"] in pool["retired"] and any(
+                    s["job_id"] != slot["job_id"]
+                    and s["state"] == "RUNNING"
+                    and s["health"] == "ok"
+                    for s in pool["slots"]
+                )
+
+            after = wait_status(env, run_dir, replaced, 180, "the spare retired and replaced")
+            (new,) = [s for s in after["spares"]["slots"] if s["job_id"] != slot["job_id"]]
+            assert victim not in new["nodes"]
+            (info,) = backend.nodes([victim])
+            assert info.drained_by_us, info
+            assert squeue_state(slot["job_id"]) in ("", "CANCELLED", "COMPLETING")
+            # The replicas never noticed.
+            assert all(r["restarts"] == 0 for r in after["replicas"])
+        finally:
+            clean_up(env, run_dir, cfg, victim)

@@ -448,8 +448,8 @@ async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> 
         return True
     if not isinstance(action, Requeue):
         return False
-    script = _script_of(coord.config.run_dir, action.replica)
     try:
+        script = _script_of(coord.config.run_dir, action.replica)
         move, why = await loop.run_in_executor(
             None, spares.move, action.replica, action.job_id, script
         )
@@ -481,6 +481,8 @@ async def on_poll(coord: Coordinator, every: int = 3) -> None:
     spares._polls += 1
     if spares._polls % every:
         return
+    if all(r.phase in ("done", "out", "ended") for r in coord.state.replicas.values()):
+        return  # the run is over: no refills for a pool nobody will use
     loop = asyncio.get_running_loop()
     try:
         for line in await loop.run_in_executor(None, spares.upkeep):
@@ -496,8 +498,12 @@ async def on_poll(coord: Coordinator, every: int = 3) -> None:
             continue
         if choose_slot(spares.pool(), spares._last_views, exclude=job) is None:
             return
-        script = _script_of(coord.config.run_dir, k)
-        move, _ = await loop.run_in_executor(None, spares.move, k, job, script)
+        try:
+            script = _script_of(coord.config.run_dir, k)
+            move, _ = await loop.run_in_executor(None, spares.move, k, job, script)
+        except (SlurmCommandError, PoolFileError, EnvironmentProblem, InputError) as exc:
+            log.warning("spare pool: replica %d stays in the queue: %s", k, exc)
+            return
         if move is not None:
             await coord.submit(JobObserved(k, move.to_job, 0, "RUNNING", coord.clock(), move.nodes))
 
