@@ -180,9 +180,9 @@ def submit_run(
             nodes = []
         check_against_cluster(spec, nodes)
     scripts = render_run(spec)
+    # The pool's files always: an earlier run's spares.json must not outlive it into this run.
     names = [s.filename for s in scripts] + [SPEC_FILE, SECRET_FILE, JOBS_FILE]
-    if spec.spares.nodes:
-        names += [SPARE_SCRIPT, SPARES_FILE]
+    names += [SPARE_SCRIPT, SPARES_FILE]
     archived = archive_state(run, earlier) if earlier else None
     try:
         with run_dir_transaction(run, names):
