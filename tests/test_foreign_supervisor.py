@@ -167,13 +167,23 @@ def test_watchdog_xid_stops_the_step_as_a_node_fault(tmp_path: Path) -> None:
     assert step.fault is not None and step.fault.reason.startswith("fthsdp:")
 
 
+def _on_this_host(root: Path, job: str) -> None:
+    """Place the fake Slurm's `job` on `localhost`, a name this host resolves (a rendezvous
+    address), so the coordinator finds the supervisor's node in the job's allocation."""
+    path = root / "slurm.json"
+    data = json.loads(path.read_text())
+    data["jobs"][job]["nodes"] = "localhost"
+    path.write_text(json.dumps(data))
+
+
 @pytest.mark.timeout(120)
 def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],
 ) -> None:
     """The real coordinator accepts the supervisor's signed status reports for a trainer that
     sends nothing: its state shows the group's step from the trainer's output."""
-    run_dir, _, env, proc = live_run
+    run_dir, root, env, proc = live_run
+    _on_this_host(root, "101")
     url = proc.start()
     control = json.loads((run_dir / "control.json").read_text())
     control["lighthouse"] = url  # any listening address: the step only prints it
@@ -212,3 +222,38 @@ def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
     assert lines[-1] == "step: 40  loss: 1"  # the job log got every line
     assert step_of(1) == 40  # the final report carries the last step
     assert step_of(0) == 0  # the other group said nothing
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_foreign_step_is_relaunched_with_a_new_rendezvous(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],
+) -> None:
+    """A trainer exiting 10 (a process fault) is reported by the supervisor and relaunched in
+    place by the coordinator's directive; the relaunch gets a new incarnation and port."""
+    run_dir, root, env, proc = live_run
+    _on_this_host(root, "101")
+    url = proc.start()
+    control = json.loads((run_dir / "control.json").read_text())
+    control["lighthouse"] = url
+    (run_dir / "control.json").write_text(json.dumps(control))
+    record = run_dir / "launches"
+    script = (
+        f'echo "$FTHSDP_LAUNCH $FTHSDP_INCARNATION $MASTER_PORT" >> {record}; '
+        'echo "step: 5  loss: 1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit 10'
+    )
+    env = dict(
+        env,
+        SLURM_JOB_ID="101",
+        SLURM_RESTART_COUNT="0",
+        SLURM_JOB_NODELIST="localhost",
+        FTHSDP_TRAIN_MODE="torchft",
+        FTHSDP_PROGRESS_REGEX=REGEX,
+    )
+    argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
+    argv += ["--replica", "1", "--decision-wait", "10", "--", "bash", "-c", script]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    first, second = (line.split() for line in record.read_text().splitlines())
+    assert (first[0], first[1], second[0], second[1]) == ("0", "101.0.0", "1", "101.0.1")
+    assert first[2] != second[2]  # a fresh rendezvous port per launch
+    assert "directive relaunch" in r.stderr

@@ -265,13 +265,17 @@ class Supervisor:
         """Launch a foreign torchft trainer's step and report for it (module docstring)."""
         from runtime.control.foreign_step import ForeignLaunch, ForeignStep
         from runtime.foreign import GroupEndpoints, dump_dir, launch_env, progress_path
-        from runtime.rendezvous import node_address, pick_port
+        from runtime.rendezvous import RendezvousError, node_address, pick_port
 
         c = self.config
         found = lighthouse_url(c.run_dir)
         if found is None:
             return int(ExitCode.NO_QUORUM_SERVICE)  # the control file went away: wait again
-        host = node_address(c.nodes[0]) if c.nodes else "127.0.0.1"
+        try:
+            host = node_address(c.nodes[0]) if c.nodes else "127.0.0.1"
+        except (RendezvousError, SlurmOutputError, EnvironmentProblem) as exc:
+            log.error("replica %d: no rendezvous address: %s", c.replica, exc)
+            return int(ExitCode.BAD_ENV)
         endpoints = GroupEndpoints(found, host, pick_port(self.incarnation()))
         env.update(launch_env(endpoints))
         dump_dir(c.run_dir, c.replica).mkdir(parents=True, exist_ok=True)
