@@ -116,6 +116,7 @@ def _foreign_group_requeued_alone(gated: DevClusterConfig, tmp_path: Path) -> No
         def stepping_again(r: dict[int, dict[str, Any]]) -> bool:
             return len(logged_steps(run_dir, jobs[1])) >= len(old_run) + 20
 
+        t_requeued = time.time()
         after = wait_until(env, run_dir, stepping_again, 240, "group 1 stepping again", trace)
         t_back = time.time()
         # Group 1 moved off the bad node, which the coordinator drained with its reason.
@@ -135,6 +136,11 @@ def _foreign_group_requeued_alone(gated: DevClusterConfig, tmp_path: Path) -> No
         assert new_run[0] >= peers_then, (old_run[-5:], peers_then, new_run[:5])
         assert new_run[0] > old_run[-1] + 10, (old_run[-5:], new_run[:5])
         assert new_run == sorted(new_run), new_run
+        print(
+            f"\nxid -> requeue seen {t_requeued - t_fault:.1f}s; -> 20 new steps "
+            f"{t_back - t_fault:.1f}s; group 1 stopped at {old_run[-1]}, resumed at "
+            f"{new_run[0]} (peers at {peers_then} when it was requeued)"
+        )
         # `fthsdp status` shows every group's step.
         table = fthsdp(env, "status", str(run_dir))
         for k, r in after.items():
