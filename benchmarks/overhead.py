@@ -136,9 +136,14 @@ def main() -> None:
         run.notes.append(f"- Target FT-HSDP ≤ 1.05 × {label}: median {med:.2f}, {verdict}.")
     run.notes.append(
         "- The quorum overlaps forward/backward (the data ledger decides a step's data without "
-        "the participant list); what remains of FT-HSDP's cost on this tiny model is per-step "
-        "bookkeeping: the one-hot contribution allreduce, FSDP's hooks on a one-rank mesh (2 × 1), "
-        "the leader's progress/ledger lines and its status report. CPU/gloo only: no GPU was used."
+        "the participant list). The gradients cross replicas in one allreduce per step once "
+        "backward is over, with the replica's slot appended (torchft's DDP wrapper: one "
+        "allreduce per gradient bucket, two here); a replica of one rank (2 × 1) keeps a plain "
+        "module, as DDP does. "
+        "What remains of FT-HSDP's cost is per-step bookkeeping: torchft's quorum and commit-vote "
+        "RPCs (which its DDP wrapper pays too), the heal-state snapshot, the leader's progress and "
+        "ledger lines; at 2 × 2, eight busy processes share two cores, so any extra thread "
+        "(heartbeats, quorum) shows. CPU/gloo only: no GPU was used."
     )
     run.write()
 
