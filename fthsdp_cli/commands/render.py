@@ -105,6 +105,10 @@ def submit(
         table.add_row(
             j.role, "" if j.replica is None else str(j.replica), j.job_id, j.job_name, j.script
         )
+    from runtime.control.spares import pool_job_ids
+
+    for job_id in pool_job_ids(Path(record.run_dir)):  # [spares]: the slot jobs
+        table.add_row("spare", "", job_id, f"{record.name}-spare", "spare.sbatch")
     Console().print(table)
 
 
