@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -125,8 +126,27 @@ async def serve(run_dir: Path, replicas: int) -> None:
     (run_dir / "url.tmp").rename(run_dir / "url")
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    stats = asyncio.ensure_future(_stats(running.coordinator, run_dir / "stats.jsonl"))
     await stop.wait()
+    stats.cancel()
     await running.close()
+
+
+async def _stats(coord: Any, path: Path) -> None:
+    """Once a second: the event loop's lateness and the journal writer's commits so far."""
+    with open(path, "a", buffering=1) as out:
+        while True:
+            await asyncio.sleep(1.0)
+            w = coord.writer
+            row = {"t": time.time(), "lag_s": coord.loop_lag_s}
+            if w is not None:
+                row.update(
+                    backlog_s=w.backlog_s(),
+                    commits=w.commits,
+                    items=w.committed_items,
+                    last_commit_s=w.last_commit_s,
+                )
+            out.write(json.dumps(row) + "\n")
 
 
 # ------------------------------------------------------------------ the leaders
@@ -147,12 +167,20 @@ def _journal_bytes(run_dir: Path) -> int:
 
 
 class Leaders:
-    """Signed reports of many replicas, posted with aiohttp on fresh connections."""
+    """Signed reports of many replicas, each an HTTP/1.1 POST on a fresh loopback connection.
+
+    The request is written and the response read on a bare asyncio stream: aiohttp's client
+    costs the load generator about as much CPU per request as the coordinator spends, and the
+    two share the cores. The wire bytes are what urllib sends (`check_protocol` posts one
+    through the real `ReportClient` first)."""
 
     def __init__(self, url: str, secret: bytes) -> None:
         self.url = url
         self.secret = secret
         self.seq: dict[int, int] = {}
+        where = urlsplit(url)
+        self.host = where.hostname or "127.0.0.1"
+        self.port = int(where.port or 80)
 
     def request(self, report: Any) -> tuple[bytes, dict[str, str]]:
         from runtime.control.report import replica_key_id, sign
@@ -200,84 +228,85 @@ class Leaders:
             last_error="Xid 79",
         )
 
-    async def post(self, http: Any, report: Any) -> tuple[int, float, float]:
-        """(status or -1, latency s, send time) of one report."""
-        import aiohttp
-
+    async def post(self, report: Any, timeout_s: float = 10.0) -> tuple[int, float, float]:
+        """(status or -1 when no answer within `timeout_s`, latency s, send time)."""
         body, headers = self.request(report)
+        head = (
+            f"POST /v1/reports HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n"
+        )
         sent = time.time()
         t0 = time.perf_counter()
+
+        async def exchange() -> int:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                writer.write(head.encode() + body)
+                answer = await reader.read()  # the coordinator closes after its answer
+            finally:
+                writer.close()
+            return int(answer.split(b" ", 2)[1])
+
         try:
-            async with http.post(self.url + "/v1/reports", data=body, headers=headers) as resp:
-                await resp.read()
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError):
+            status = await asyncio.wait_for(exchange(), timeout_s)
+        except (TimeoutError, OSError, IndexError, ValueError):
             status = -1
         return status, time.perf_counter() - t0, sent
 
 
 async def window(leaders: Leaders, steady: int, seconds: float, burst: list[int]) -> dict[str, Any]:
     """Every steady replica reports once a second for `seconds`; the burst lands mid-way."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=10)
     results: list[tuple[int, float, float]] = []
     fatal_sent: dict[int, tuple[int, float]] = {}
     phases = {k: random.random() for k in range(steady)}
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        tasks: list[asyncio.Task[Any]] = []
-        start = time.perf_counter()
-        due = sorted((phases[k], k) for k in range(steady))
-        ticks = int(seconds)
-        burst_at = seconds / 2
-        burst_done = not burst
+    tasks: list[asyncio.Task[Any]] = []
+    start = time.perf_counter()
+    due = sorted((phases[k], k) for k in range(steady))
+    ticks = int(seconds)
+    burst_at = seconds / 2
+    burst_done = not burst
 
-        async def one(report: Any) -> None:
-            results.append(await leaders.post(http, report))
+    async def one(report: Any) -> None:
+        results.append(await leaders.post(report))
 
-        async def fatal_one(k: int) -> None:
-            status, _latency, sent = await leaders.post(http, leaders.fatal(k))
-            fatal_sent[k] = (status, sent)
+    async def fatal_one(k: int) -> None:
+        status, _latency, sent = await leaders.post(leaders.fatal(k))
+        fatal_sent[k] = (status, sent)
 
-        for tick in range(ticks):
-            for phase, k in due:
-                at = start + tick + phase
-                delay = at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if not burst_done and tick + phase >= burst_at:
-                    tasks += [asyncio.ensure_future(fatal_one(b)) for b in burst]
-                    burst_done = True
-                tasks.append(asyncio.ensure_future(one(leaders.status(k))))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
+    for tick in range(ticks):
+        for phase, k in due:
+            at = start + tick + phase
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if not burst_done and tick + phase >= burst_at:
+                tasks += [asyncio.ensure_future(fatal_one(b)) for b in burst]
+                burst_done = True
+            tasks.append(asyncio.ensure_future(one(leaders.status(k))))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
     return {"results": results, "fatal": fatal_sent, "elapsed_s": elapsed}
 
 
 async def saturate(leaders: Leaders, steady: int, seconds: float, senders: int) -> float:
     """Reports answered per second with `senders` leaders posting back to back (no pacing):
     the coordinator's capacity, whose inverse is its time per report."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     answered = 0
     stop = time.perf_counter() + seconds
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=10)
-    ) as http:
 
-        async def sender(i: int) -> None:
-            nonlocal answered
-            k = i
-            while time.perf_counter() < stop:
-                status, _, _ = await leaders.post(http, leaders.status(k % steady))
-                answered += status == 200
-                k += senders
+    async def sender(i: int) -> None:
+        nonlocal answered
+        k = i
+        while time.perf_counter() < stop:
+            status, _, _ = await leaders.post(leaders.status(k % steady))
+            answered += status == 200
+            k += senders
 
-        start = time.perf_counter()
-        await asyncio.gather(*(sender(i) for i in range(senders)))
-        return answered / (time.perf_counter() - start)
+    start = time.perf_counter()
+    await asyncio.gather(*(sender(i) for i in range(senders)))
+    return answered / (time.perf_counter() - start)
 
 
 def drain(leaders: Leaders, replica: int, limit_s: float = 90.0) -> float:
@@ -285,10 +314,7 @@ def drain(leaders: Leaders, replica: int, limit_s: float = 90.0) -> float:
     requests whose senders gave up before it takes new ones); returns the seconds it took."""
 
     async def probe() -> float:
-        import aiohttp
-
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            status, latency, _ = await leaders.post(http, leaders.status(replica))
+        status, latency, _ = await leaders.post(leaders.status(replica), timeout_s=30.0)
         return latency if status == 200 else float("inf")
 
     start = time.monotonic()
@@ -358,13 +384,13 @@ def check_protocol(url: str, secret: bytes, replica: int) -> None:
 
 async def warm_up(leaders: Leaders, replicas: int) -> None:
     """One status report from every replica (so each is training and its job is known)."""
-    import aiohttp
+    gate = asyncio.Semaphore(64)
 
-    connector = aiohttp.TCPConnector(limit=64, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        got = await asyncio.gather(
-            *(leaders.post(http, leaders.status(k)) for k in range(replicas))
-        )
+    async def one(k: int) -> tuple[int, float, float]:
+        async with gate:
+            return await leaders.post(leaders.status(k))
+
+    got = await asyncio.gather(*(one(k) for k in range(replicas)))
     bad = [s for s, _, _ in got if s != 200]
     if bad:
         raise SystemExit(f"control_load: warm-up reports refused: {bad[:5]} ({len(bad)})")

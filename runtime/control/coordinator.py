@@ -628,12 +628,15 @@ class Coordinator:
             await self.submit(event)
 
 
-def _changed(old: RunState, new: RunState, event: Event) -> list[int] | None:
-    """The replicas whose state `event` changed, for a report (None: any may have)."""
-    if not isinstance(event, ReportReceived):
-        return None
-    k = event.report.replica
-    return [k] if new.replicas.get(k) is not old.replicas.get(k) else []
+def _changed(old: RunState, new: RunState, event: Event) -> list[int]:
+    """The replicas whose state `event` changed: the policy copies what an event changes and
+    shares the rest, so a replica kept its object if and only if it did not change."""
+    k = getattr(event, "replica", None)
+    if isinstance(event, ReportReceived):
+        k = event.report.replica
+    if isinstance(k, int):
+        return [k] if new.replicas.get(k) is not old.replicas.get(k) else []
+    return [k for k, r in new.replicas.items() if old.replicas.get(k) is not r]
 
 
 def _same(a: RunState, b: RunState) -> bool:
