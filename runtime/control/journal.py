@@ -463,6 +463,10 @@ class JournalUnavailable(Exception):
 
 
 _Op = tuple[str, tuple[Any, ...]]
+_NONCE_SQL = "INSERT INTO nonces VALUES (?, ?)"
+_EVENT_SQL = (
+    "INSERT INTO events (seq, at, type, replica, payload, transient) VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 
 def _attempt_ops(action_id: int, outcome: str, detail: str, now: float) -> list[_Op]:
@@ -571,11 +575,10 @@ class GroupWriter:
         seq = self._seq + 1
         ops: list[_Op] = []
         if nonce is not None:
-            ops.append(("INSERT INTO nonces VALUES (?, ?)", (nonce, now)))
+            ops.append((_NONCE_SQL, (nonce, now)))
         ops.append(
             (
-                "INSERT INTO events (seq, at, type, replica, payload, transient)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                _EVENT_SQL,
                 (
                     seq,
                     event.at,
@@ -717,13 +720,30 @@ class GroupWriter:
     def _commit(self, batch: list[_Item]) -> BaseException | None:
         db = self._db
         try:
+            # The reports' own rows first, one executemany per table: each execute hands the
+            # GIL to the event loop and back, and a batch holds hundreds of rows. Nothing else
+            # depends on their order; actions and attempts follow in queue order.
+            first: dict[str, list[tuple[Any, ...]]] = {_NONCE_SQL: [], _EVENT_SQL: []}
+            rest: list[_Op | _Item] = []
+            for item in batch:
+                for op in item.ops:
+                    if op[0] in first:
+                        first[op[0]].append(op[1])
+                    else:
+                        rest.append(op)
+                if item.then is not None:
+                    rest.append(item)
             db.execute("BEGIN IMMEDIATE")
             try:
-                for item in batch:
-                    for sql, args in item.ops:
-                        db.execute(sql, args)
-                    if item.then is not None:
-                        item.result = item.then(db)
+                for sql, rows in first.items():
+                    if rows:
+                        db.executemany(sql, rows)
+                for step in rest:
+                    if isinstance(step, _Item):
+                        assert step.then is not None
+                        step.result = step.then(db)
+                    else:
+                        db.execute(*step)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
