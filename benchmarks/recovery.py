@@ -193,6 +193,12 @@ def main() -> None:
         f"- Every FT-HSDP run ended with agreeing weights and a clean ledger: "
         f"{'yes' if not bad else f'no ({len(bad)} runs did not)'}."
     )
+    run.notes.append(
+        "- A restarted replica waits for its first quorum, loads the healthy peers' state before "
+        "its first forward pass and trains its own slot in that step, so from first quorum to "
+        "participating is one step of its own; relaunch → participating adds process start, "
+        "imports and the quorum's join wait, which depend on the host's load."
+    )
     run.extra["runs"] = got
     run.write()
 
