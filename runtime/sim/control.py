@@ -4,10 +4,11 @@ Every replica leader (or, with per-node watchdogs reporting, every node) sends a
 every `report_interval_s`; the coordinator is one process (aiohttp, one event loop, one SQLite
 journal), so it can answer at most about `1 / report_cost_s` reports per second. The cost per
 report is measured by `benchmarks/control_load.py` on the development machine
-(`MEASURED_REPORT_COST_S` below: one coordinator's event-loop time per signed, journaled report
-at 1,000 reports/s); a site can pass its own. The model keeps `headroom` of the coordinator for
-bursts (a rack failure sends every affected leader's fatal report at once) and its own ticks and
-polls. Pure arithmetic; `fthsdp simulate` prints the warning and puts the figures in its JSON.
+(`MEASURED_REPORT_COST_S` below: one coordinator's CPU time per signed, journaled report at
+1,000 reports/s, straggler detection included); a site can pass its own. The model keeps
+`headroom` of the coordinator for bursts (a rack failure sends every affected leader's fatal
+report at once) and its own ticks and polls. Pure arithmetic; `fthsdp simulate` prints the
+warning and puts the figures in its JSON.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from slurm.errors import InputError
 
 #: Seconds of coordinator time per status report, from `benchmarks/control_load.py`
-#: (benchmarks/figures/control_load.json, 2026-11-30: 1 / reports answered per second with 16
-#: leaders posting back to back; median 7.8 ms, range 5.2-48.9 ms on the shared 2-core VM,
-#: where one fsync'd journal commit per report dominates).
-MEASURED_REPORT_COST_S = 0.0078
+#: (benchmarks/figures/control_load.json, 2026-11-30 19:24 UTC, shared 2-core VM): the
+#: coordinator process's CPU time per report at 1,000 reports/s, median 0.55 ms (range
+#: 0.53-0.64 ms; the journal committed in groups, decisions awaited), plus the straggler
+#: detector's per-sample cost once 1,000 replicas are settled, 0.20 ms (0.19-0.28 ms), which
+#: the load windows do not reach. Before group commit it was 7.8 ms (one fsync per report).
+MEASURED_REPORT_COST_S = 0.00075
 #: Fraction of the coordinator a steady report load may use (the rest: bursts, ticks, polls).
 DEFAULT_HEADROOM = 0.5
 
