@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from control_harness import ROOT, SPEC, clean_up, fthsdp, health_gated
 
+from slurm import devcluster
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
@@ -178,6 +179,7 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
     spec, run_dir = spec_text(work, name, spares)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
     drained: str | None = None
+    also_drained: str | None = None
     out: dict[str, Any] = {}
     try:
         fthsdp(env, "submit", str(spec))
@@ -235,6 +237,34 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
                 out["pool_after"] = refill["spares"]
                 requeue = _journal_requeue(run_dir)
                 assert requeue and f"moved to spare slot {slot}" in requeue, requeue
+                # A second fault while the refill waits: the pool is empty, so replica 0 falls
+                # back to the plain requeue, and the journal and status say so.
+                second = reps(before)[0]["nodes"][0]
+                fthsdp(
+                    env,
+                    "cluster",
+                    "inject",
+                    second,
+                    "--fault",
+                    "xid79",
+                    "--dir",
+                    str(cfg.directory),
+                )
+                also_drained = second
+                fell = wait_status(
+                    env,
+                    run_dir,
+                    lambda d: (
+                        (d["spares"].get("last_fallback") or {}).get("replica") == 0
+                        and reps(d)[0]["slurm_state"] == "PENDING"
+                    ),
+                    90,
+                    "replica 0 requeued with the pool empty",
+                )
+                assert "no spare free" in fell["spares"]["last_fallback"]["why"]
+                assert "plain requeue" in _journal_requeue(run_dir)
+                assert reps(fell)[0]["job_id"] == reps(before)[0]["job_id"]
+                out["fallback"] = fell["spares"]["last_fallback"]
             else:
                 waited = time.monotonic()
                 seen = []
@@ -253,6 +283,10 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
             assert [squeue_state(j) for j in fillers] == ["RUNNING"] * len(fillers)
             out["fillers"] = fillers
     finally:
+        if also_drained:  # healed before clean_up resumes it, or a health check drains it again
+            from runtime.control.inject import heal
+
+            heal(devcluster.hardware_dir(cfg), also_drained, cfg.gpus_per_node)
         clean_up(env, run_dir, cfg, drained)
     return out
 
