@@ -17,6 +17,8 @@ from runtime.api import FTHSDP
 DIM = int(os.environ.get("TINY_DIM", "32"))
 HIDDEN = int(os.environ.get("TINY_HIDDEN", "64"))
 STEP_SLEEP_S = float(os.environ.get("TINY_STEP_SLEEP_S", "0"))
+# gradient accumulation: the batch in this many backward passes (the same step's gradient)
+MICROBATCHES = int(os.environ.get("TINY_MICROBATCHES", "1"))
 
 
 class SyntheticRegression(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -53,8 +55,9 @@ def main() -> None:
         opt = ft.optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
         for x, y in ft.data(SyntheticRegression(), batch_size=8):
             opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
+            for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
+                loss = nn.functional.mse_loss(model(xs), ys) / MICROBATCHES
+                loss.backward()
             if STEP_SLEEP_S:
                 import time
 

@@ -47,13 +47,21 @@ def events(run_dir: Path, replica: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("ranks", [2, 1])
-def test_equivalent_to_plain_hsdp(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "microbatches"), [(2, 1), (1, 1), (2, 2)])
+def test_equivalent_to_plain_hsdp(tmp_path: Path, ranks: int, microbatches: int) -> None:
     """2 replicas x 2 ranks (FSDP inside the replica) and 2 x 1 (a plain module), no failures:
-    same weights as static HSDP on the same data order."""
+    same weights as static HSDP on the same data order; also when each step accumulates the
+    gradient of two backward passes (each one crosses replicas, the second adds its mean)."""
     from runtime.baselines import load_example, spawn
 
-    summary = run(tmp_path / "ft", replicas=2, ranks_per_replica=ranks, steps=6, min_replicas=2)
+    summary = run(
+        tmp_path / "ft",
+        replicas=2,
+        ranks_per_replica=ranks,
+        steps=6,
+        min_replicas=2,
+        extra_env={"TINY_MICROBATCHES": str(microbatches)},
+    )
     assert summary.ok, summary
     spawn("plain", tmp_path / "plain", replicas=2, ranks=ranks, steps=6)
     initial = dict(load_example()["make_model"]().named_parameters())
