@@ -444,7 +444,7 @@ async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> 
             return False
         if moved is None:
             return False
-        coord.journal.attempt(stored.id, "skipped", f"replica moved to spare slot {moved.to_job}")
+        await coord.attempt(stored.id, "skipped", f"replica moved to spare slot {moved.to_job}")
         return True
     if not isinstance(action, Requeue):
         return False
@@ -457,14 +457,14 @@ async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> 
         log.error("spare pool unusable, plain requeue: %s", exc)
         move, why = None, f"spare pool unusable ({exc}): plain requeue"
     if move is None:
-        coord.journal.attempt(stored.id, "started", why)
+        await coord.attempt(stored.id, "started", why)
         try:
             outcome, detail = await loop.run_in_executor(None, coord._execute, action, resumed)
         except (SlurmCommandError, InputError, EnvironmentProblem):
             return False  # the caller's loop retries and journals the error
-        coord.journal.attempt(stored.id, outcome, f"{detail}; {why}")
+        await coord.attempt(stored.id, outcome, f"{detail}; {why}")
         return True
-    coord.journal.attempt(
+    await coord.attempt(
         stored.id, "done", f"moved to spare slot {move.to_job} on {','.join(move.nodes)}"
     )
     await coord.submit(
