@@ -576,8 +576,15 @@ class LocalLauncher:
                     continue
                 before = [t for t, *_ in rs.commits if t <= f.t_kill]
                 after = [t for t, *_ in rs.commits if t > f.t_kill]
-                if before and after:
-                    stalls.append(max(0.0, after[0] - before[-1] - median_step))
+                if not (before and after):
+                    continue
+                # A replica killed itself within this gap was not a healthy one waiting.
+                if any(
+                    g.replica == rs.replica and before[-1] < g.t_kill < after[0]
+                    for g in self.failures
+                ):
+                    continue
+                stalls.append(max(0.0, after[0] - before[-1] - median_step))
         records = ledger.read_log(sorted((cfg.run_dir / "ledger").glob("r*.jsonl")))
         checked = check_ledger(cfg.run_dir, cfg.steps)
         steps, ledger_ok, problems = checked.steps, checked.ok, checked.problems

@@ -531,6 +531,9 @@ def task_prolog_script(path: Path, env: Mapping[str, str]) -> str:
     for key, value in env.items():
         lines.append(f'[ -n "${{{key}:-}}" ] || echo {shlex.quote(f"export {key}={value}")}')
     path.parent.mkdir(parents=True, exist_ok=True)
+    # slurmd runs the TaskProlog as the job's user, any user's: its folder must let them in
+    # whatever umask created it.
+    path.parent.chmod(0o755)
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o755)
     return str(path)

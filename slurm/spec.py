@@ -420,8 +420,8 @@ def _progress_file(value: str) -> None:
     for name in names:
         if name not in PROGRESS_FILE_FIELDS:
             raise InputError("train.progress_file", value, f"a path using only {allowed}")
-    if not value.strip() or "\0" in value or "\n" in value:
-        raise InputError("train.progress_file", value, "a one-line path")
+    if not value.strip() or any(c in value for c in "\0\r\n"):
+        raise InputError("train.progress_file", value, "a one-line path (no CR, LF or NUL)")
 
 
 @dataclass(frozen=True)

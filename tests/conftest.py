@@ -51,3 +51,14 @@ def slurm_cluster(
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _keep_umask() -> Iterator[None]:
+    """Puts the process umask back after each test: `fthsdp control` run in process sets 077,
+    and files created later in the session (the dev cluster's TaskProlog folder) would then be
+    closed to other users' jobs."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)

@@ -184,7 +184,7 @@ def test_chaos_random_kills_three_replicas(tmp_path: Path) -> None:
     # One failure costs a healthy replica at most allreduce + heartbeat timeouts (+ slack); chaos
     # kills overlap (a second one lands while the first replica heals, and a fresh quorum then
     # waits for the replica that holds the state), so allow two of them back to back.
-    assert summary.max_healthy_stall_s < 2 * (5.0 + 2.0) + 3.0
+    assert summary.max_healthy_stall_s < 2 * (5.0 + 2.0) + 3.0, (summary.stalls_s, summary.failures)
 
 
 @pytest.mark.timeout(240)

@@ -53,6 +53,9 @@ VALID: dict[str, tuple[str, tuple[str, ...]]] = {
     "control.time": ("10", ()),
     "control.python": ("python3", ()),
     "train.straggler_mode": ("report", ()),
+    "train.mode": ("torchft", ("train.progress_regex=step (?P<step>[0-9]+)",)),
+    "train.progress_regex": ("step (?P<step>[0-9]+)", ("train.mode=torchft",)),
+    "train.progress_file": ("progress.jsonl", ("train.mode=torchft",)),
     "health.checks": ('["ecc"]', ()),
 }
 #: Shell text by design: a quoted multi-line word after the #SBATCH block is plain shell.
