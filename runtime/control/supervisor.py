@@ -164,23 +164,22 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
     return None
 
 
-def lighthouse_url(run_dir: Path) -> str | None:
-    """The Lighthouse address in `control.json`, or None while there is none."""
+def _control_address(run_dir: Path, key: str) -> str | None:
+    """One address from `control.json`, or None while the control job has not written it."""
     try:
         data = json.loads((run_dir / "control.json").read_text())
     except (OSError, ValueError):
         return None
-    value = data.get("lighthouse") if isinstance(data, dict) else None
+    value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, str) and value else None
 
 
+def lighthouse_url(run_dir: Path) -> str | None:
+    return _control_address(run_dir, "lighthouse")
+
+
 def coordinator_url(run_dir: Path) -> str | None:
-    try:
-        data = json.loads((run_dir / "control.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = data.get("coordinator")
-    return str(value) if value else None
+    return _control_address(run_dir, "coordinator")
 
 
 def failure_of(code: int) -> tuple[str | None, int]:
