@@ -35,6 +35,7 @@ from control_harness import (
     write_spec,
 )
 
+from runtime.control.client import fetch_state
 from runtime.control.journal import Journal
 from runtime.control.policy import Requeue, StragglerEviction
 from slurm.backend import CommandBackend
@@ -58,6 +59,17 @@ def journal_summary(run_dir: Path) -> tuple[list[tuple[str, str]], list[Straggle
     finally:
         journal.close()
     return requeues, evictions
+
+
+def coordinator_timings(run_dir: Path) -> str:
+    """What the straggler monitor saw, for a failure message: each replica's phase and timings,
+    the verdicts and the decisions with their reasons."""
+    view = fetch_state(run_dir) or {}
+    keys = ("replica", "phase", "step", "compute_s", "own_pace_s", "peer_median_s", "step_time_s")
+    rows = [{k: r.get(k) for k in keys} for r in view.get("replicas", [])]
+    picked = {"replicas": rows, "stragglers": view.get("stragglers")}
+    picked["decisions"] = view.get("straggler_decisions")
+    return json.dumps(picked)
 
 
 def seconds_per_step(trace: Trace) -> float:
@@ -124,14 +136,17 @@ def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, tmp_path: Path)
         # Detection needs the window at the slowed pace, then a requeue, the prolog, a start and
         # a heal on a loaded machine: generous, and scaled by the measured step time.
         deadline = 300 + 4 * WINDOW_STEPS * SLOW * step_s
-        after = wait_until(
-            env,
-            run_dir,
-            requeued_and_caught_up(1),
-            deadline,
-            "replica 1 evicted, requeued and caught up",
-            trace,
-        )
+        try:
+            after = wait_until(
+                env,
+                run_dir,
+                requeued_and_caught_up(1),
+                deadline,
+                "replica 1 evicted, requeued and caught up",
+                trace,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ncoordinator: {coordinator_timings(run_dir)}") from None
         t_rejoined = time.time()
 
         # Replica 1 alone moved, off the slow node; the others kept their jobs and never stopped.

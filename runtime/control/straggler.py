@@ -856,6 +856,8 @@ class StragglerService:
                 row["allreduce_wait_s"] = t.latest.allreduce_wait_s
                 row["step_time_s"] = t.latest.step_time_s
                 row["healing"] = t.latest.healing
+                row["own_pace_s"] = t.own_pace_s
+                row["peer_median_s"] = t.peer_median_s
         reps = data.get("replicas", [])
         evictions = self.monitor.evictions
         requeues = sum(int(r.get("requeues", 0)) for r in reps)
