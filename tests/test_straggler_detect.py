@@ -79,6 +79,13 @@ def slow_from(replica: int, start: int, factor: float, end: int = 10**9) -> Slow
     return lambda r, s: factor if r == replica and start <= s < end else 1.0
 
 
+def ramp(r: int, s: int, replica: int, start: int, end: int, factor: float) -> float:
+    """`replica` slows linearly from 1x at step `start` to `factor` at `end`, then stays."""
+    if r != replica or s < start:
+        return 1.0
+    return 1.0 + (factor - 1.0) * min(1.0, (s - start) / (end - start))
+
+
 DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]] = [
     # name, run kwargs, {replica: (earliest step, latest step) it is first flagged}
     ("noise only", {"replicas": 4, "steps": 400, "slow": lambda r, s: 1.0, "noise": 0.3}, {}),
@@ -161,6 +168,12 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
         "slow against its own pace but not against its peers",
         {"replicas": 4, "steps": 300, "slow": lambda r, s: 2.0 if s >= 100 else 1.0},
         {},
+    ),
+    (
+        # Throttling that creeps in (1x to 3x over 100 steps) is not learned as its new pace.
+        "gradual slowdown to 3x",
+        {"replicas": 4, "steps": 300, "slow": lambda r, s: ramp(r, s, 1, 100, 200, 3.0)},
+        {1: (120, 200)},
     ),
     (
         "missing timing data never triggers",

@@ -9,8 +9,10 @@ training), so evicting a straggler is often the right call. This module decides 
 Detection (`observe`) compares each replica's own compute time per step (forward, backward and
 the local reduce-scatter, without the cross-replica wait, so a replica waiting for the straggler
 does not look slow itself) with the median of the other replicas' latest compute times, and with
-its own recent pace (the median of its last `own_window` normal samples). A sample is slow only
-when it is `factor` times slower than both: a replica that got no slower while its peers sped up
+its own recent pace (the median of its last `own_window` normal samples; a sample slower
+against its peers than the replica stood among them at its start is not normal, so a slowdown
+that creeps in is never learned as the pace). A sample is slow only when it is `factor` times
+slower than both: a replica that got no slower while its peers sped up
 (or whose peers share one busy CPU, as on the dev cluster) is not a straggler, and a replica
 without `min_own_samples` of its own pace is no evidence yet. A replica
 becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
@@ -170,6 +172,9 @@ class ReplicaTrack:
     #: Compute times of the replica's latest normal samples (outside any episode).
     own: tuple[float, ...] = ()
     own_pace_s: float | None = None
+    #: Compute time / the peers' median over the incarnation's first normal samples: where it
+    #: stands among them when healthy (fixed once `own_window` samples are known).
+    rel: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -259,15 +264,40 @@ def _learn_pace(
     track: ReplicaTrack, old: ReplicaTrack, sample: TimingSample, config: StragglerConfig
 ) -> ReplicaTrack:
     """While other replicas recover: a sample still teaches the replica's own pace, unless it is
-    `factor` slower than the pace already known (a slowdown that starts meanwhile is not
+    `clear_factor` slower than the pace already known (a slowdown that starts meanwhile is not
     absorbed as the new normal) or an episode is open."""
     own = _own_pace(old, config)
     compute = sample.compute_s
     if compute is None or old.episode is not None:
         return track
-    if own is not None and compute >= config.factor * own:
+    if own is not None and compute >= config.clear_factor * own:
         return track
     return replace(track, own=(*old.own, compute)[-config.own_window :])
+
+
+def _learn_normal(
+    track: ReplicaTrack,
+    old: ReplicaTrack,
+    compute_s: float,
+    median: float | None,
+    config: StragglerConfig,
+) -> ReplicaTrack:
+    """Teach the replica's own pace a sample taken outside any episode, unless the sample is
+    `clear_factor` slower against its peers than the replica stood among them at its start.
+
+    A moving reference follows a slowdown that creeps in (a GPU throttling by degrees, each step
+    a little slower than the median of the last ones) until it is the new normal and never
+    flagged. The standing among its peers over the incarnation's first `own_window` samples
+    is fixed, and still lets a replica that always ran behind them (a slower part, a busier
+    shared CPU) learn its own pace."""
+    if median is not None and median > 0:
+        rel = compute_s / median
+        start = statistics.median(old.rel) if old.rel else 1.0
+        if rel >= config.clear_factor * max(1.0, start):
+            return track
+        if len(old.rel) < config.own_window:
+            track = replace(track, rel=(*old.rel, rel))
+    return replace(track, own=(*old.own, compute_s)[-config.own_window :])
 
 
 def _sustained(ep: Episode, config: StragglerConfig) -> bool:
@@ -360,6 +390,7 @@ def observe(
     assert sample.compute_s is not None
     median = _peer_median(tracks, sample.replica, sample.received_at, config)
     own = _own_pace(old, config)
+    ratio: float | None = None
     if median is None or median <= 0 or own is None or own <= 0:
         track = replace(old, latest=sample, last_ratio=None, peer_median_s=median, own_pace_s=own)
     else:
@@ -367,7 +398,7 @@ def observe(
         ratio = min(sample.compute_s / median, sample.compute_s / own)
         track = replace(_advance(old, sample, ratio, config), peer_median_s=median, own_pace_s=own)
     if track.episode is None:
-        track = replace(track, own=(*old.own, sample.compute_s)[-config.own_window :])
+        track = _learn_normal(track, old, sample.compute_s, median, config)
     tracks[sample.replica] = track
     return DetectorState(tracks, clock)
 
