@@ -44,6 +44,8 @@ from slurm.devcluster import DevClusterConfig
 WINDOW_STEPS = 20
 FACTOR = 2.0  # well above the scheduling noise of replicas sharing 2 cores
 SLOW = 3.0
+#: Seconds of steady training before the fault: the detector's own-pace window and then some.
+SETTLE_S = 25.0
 
 Trace = list[tuple[float, dict[int, dict[str, Any]]]]
 
@@ -113,9 +115,20 @@ def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, tmp_path: Path)
             "all replicas training",
             trace,
         )
-        # A baseline of the step time, measured here (2 shared cores: never a fixed figure).
+        # A baseline of the step time, measured here (2 shared cores: never a fixed figure). It
+        # is also as long as the monitor's memory of each replica's own pace (its last 20
+        # reports, one a second): a slowdown injected sooner is measured against the pace of
+        # the busy start, when every replica was still loading, and may not look slow enough.
         mark = len(trace) - 1
-        base = wait_until(env, run_dir, lambda r: len(trace) > mark + 5, 120, "baseline", trace)
+        settled = time.monotonic() + SETTLE_S
+        base = wait_until(
+            env,
+            run_dir,
+            lambda r: len(trace) > mark + 5 and time.monotonic() >= settled,
+            120,
+            "baseline",
+            trace,
+        )
         step_s = seconds_per_step(trace[mark:])
         assert step_s < float("inf"), trace[mark:]
         jobs = {k: r["job_id"] for k, r in base.items()}

@@ -261,18 +261,23 @@ def _own_pace(track: ReplicaTrack, config: StragglerConfig) -> float | None:
 
 
 def _learn_pace(
-    track: ReplicaTrack, old: ReplicaTrack, sample: TimingSample, config: StragglerConfig
+    track: ReplicaTrack,
+    old: ReplicaTrack,
+    sample: TimingSample,
+    median: float | None,
+    config: StragglerConfig,
 ) -> ReplicaTrack:
     """While other replicas recover: a sample still teaches the replica's own pace, unless it is
-    `clear_factor` slower than the pace already known (a slowdown that starts meanwhile is not
-    absorbed as the new normal) or an episode is open."""
+    `clear_factor` slower than the pace already known or than its standing among its peers
+    (a slowdown that starts meanwhile is not absorbed as the new normal), or an episode is
+    open."""
     own = _own_pace(old, config)
     compute = sample.compute_s
     if compute is None or old.episode is not None:
         return track
     if own is not None and compute >= config.clear_factor * own:
         return track
-    return replace(track, own=(*old.own, compute)[-config.own_window :])
+    return _learn_normal(track, old, compute, median, config)
 
 
 def _learn_normal(
@@ -384,7 +389,8 @@ def observe(
         # No evidence either way; keep the episode (the gap rule ends it if data stays away).
         track = replace(old, latest=sample)
         if not evidence and sample.usable and sample.step > old.ignore_until_step:
-            track = _learn_pace(track, old, sample, config)
+            median = _peer_median(tracks, sample.replica, sample.received_at, config)
+            track = _learn_pace(track, old, sample, median, config)
         tracks[sample.replica] = track
         return DetectorState(tracks, clock)
     assert sample.compute_s is not None
