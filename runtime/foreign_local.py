@@ -53,6 +53,7 @@ class ForeignConfig:
     join_s: float = 60.0
     progress_regex: str | None = None
     progress_file: str | None = None
+    progress_timeout_s: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
     kill_replica: int | None = None
     kill_at_step: int | None = None
@@ -150,6 +151,7 @@ class ForeignLocalRun:
             env=self._env(g, port, 0),
             progress_regex=c.progress_regex,
             progress_file=progress,
+            progress_timeout_s=c.progress_timeout_s,
             out=open(logs / f"{stem}_t0.out", "ab"),  # noqa: SIM115
             err=open(logs / f"{stem}_t0.err", "ab"),  # noqa: SIM115
         )
@@ -313,6 +315,7 @@ def config_from_spec(
         join_s=float(t.join_timeout_s),
         progress_regex=t.progress_regex,
         progress_file=t.progress_file,
+        progress_timeout_s=t.hung_after_s,
         env=dict(spec.job.env),
         kill_replica=kill_replica,
         kill_at_step=kill_at_step,

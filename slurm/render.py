@@ -154,6 +154,7 @@ def foreign_env(spec: JobSpec, replica: int) -> list[tuple[str, str]]:
         env.append(("FTHSDP_PROGRESS_REGEX", t.progress_regex))
     if t.progress_file is not None:
         env.append(("FTHSDP_PROGRESS_FILE", t.progress_file))
+    env.append(("FTHSDP_PROGRESS_TIMEOUT_S", f"{t.hung_after_s:g}"))
     return env
 
 

@@ -392,6 +392,9 @@ class ControlSection:
 #: `[train].mode`: the native API (`runtime.api.FTHSDP`) or a foreign torchft trainer whose
 #: progress the replica supervisor reads (docs/runtime.md, "Bring your own trainer").
 TRAIN_MODES = ("fthsdp", "torchft")
+#: Seconds without progress after which a foreign trainer's step is taken as hung (torchft mode).
+DEFAULT_PROGRESS_TIMEOUT_S = 600.0
+
 #: Placeholders `[train].progress_file` may use; filled per replica group by the supervisor.
 PROGRESS_FILE_FIELDS = ("dump_dir", "replica")
 
@@ -456,6 +459,10 @@ class TrainSection:
     mode: str = "fthsdp"
     progress_regex: str | None = None
     progress_file: str | None = None
+    #: torchft mode: a step whose progress has not advanced for this long (from its launch or
+    #: its last step) is hung; the supervisor stops it and relaunches it as a process fault.
+    #: 0 turns the check off; unset means `DEFAULT_PROGRESS_TIMEOUT_S`.
+    progress_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -469,6 +476,8 @@ class TrainSection:
                 self.progress_regex,
                 "exactly one of train.progress_regex or train.progress_file in torchft mode",
             )
+        if self.progress_timeout_s is not None:
+            given.append("progress_timeout_s")
         if self.mode != "torchft" and given:
             raise InputError(
                 f"train.{given[0]}", getattr(self, given[0]), 'only with mode = "torchft"'
@@ -506,6 +515,23 @@ class TrainSection:
                     f"must exceed train.{lo}={getattr(self, lo)} "
                     "(required: heartbeat < allreduce < quorum < join)",
                 )
+        hung = self.progress_timeout_s
+        if hung is not None and not (hung == 0 or self.join_timeout_s < hung < float("inf")):
+            raise InputError(
+                "train.progress_timeout_s",
+                hung,
+                f"0 (off) or seconds above train.join_timeout_s={self.join_timeout_s} "
+                "(a step may wait that long for its first quorum)",
+            )
+
+    @property
+    def hung_after_s(self) -> float:
+        """The progress timeout in effect: 0 when off (always off in native mode)."""
+        if self.mode != "torchft":
+            return 0.0
+        if self.progress_timeout_s is None:
+            return max(DEFAULT_PROGRESS_TIMEOUT_S, 2 * self.join_timeout_s)
+        return self.progress_timeout_s
 
 
 @dataclass(frozen=True)

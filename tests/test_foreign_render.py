@@ -16,7 +16,7 @@ import pytest
 from render_harness import run_body, srun_calls
 
 from slurm.errors import InputError
-from slurm.render import render_run, write_scripts
+from slurm.render import foreign_env, render_run, write_scripts
 from slurm.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +93,26 @@ def test_torchft_replica_lines() -> None:
         ({"mode": "torchft", "progress_file": "{home}/p"}, "train.progress_file", "{dump_dir}"),
         ({"mode": "torchft", "progress_file": "{dump_dir"}, "train.progress_file", "a path"),
         ({"mode": "torchft", "progress_file": " "}, "train.progress_file", "one-line"),
+        ({"progress_timeout_s": 900}, "train.progress_timeout_s", 'mode = "torchft"'),
+        (
+            {"mode": "torchft", "progress_regex": "s(?P<step>\\d+)", "progress_timeout_s": 30},
+            "train.progress_timeout_s",
+            "0 (off) or seconds above train.join_timeout_s=60",
+        ),
+        (
+            {"mode": "torchft", "progress_regex": "s(?P<step>\\d+)", "progress_timeout_s": -1},
+            "train.progress_timeout_s",
+            "0 (off)",
+        ),
+        (
+            {
+                "mode": "torchft",
+                "progress_regex": "s(?P<step>\\d+)",
+                "progress_timeout_s": float("inf"),
+            },
+            "train.progress_timeout_s",
+            "0 (off)",
+        ),
     ],
 )
 def test_bad_torchft_fields_name_field_and_allowed(
@@ -163,3 +183,21 @@ def test_torchtitan_recipe_renders_in_dry_run() -> None:
     assert "--fault_tolerance.group_size=$NUM_REPLICA_GROUPS" in r.stdout
     assert "--rdzv_endpoint=$FTHSDP_RDZV_ENDPOINT" in r.stdout
     assert "export FTHSDP_TRAIN_MODE=torchft" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("train", "hung_after_s"),
+    [
+        ({}, 0.0),  # native mode: the worker reports itself and the coordinator sees silence
+        ({"mode": "torchft", "progress_regex": "s(?P<step>\\d+)"}, 600.0),
+        ({"mode": "torchft", "progress_regex": "s(?P<step>\\d+)", "join_timeout_s": 900}, 1800.0),
+        ({"mode": "torchft", "progress_regex": "s(?P<step>\\d+)", "progress_timeout_s": 0}, 0.0),
+        ({"mode": "torchft", "progress_regex": "s(?P<step>\\d+)", "progress_timeout_s": 90}, 90.0),
+    ],
+)
+def test_progress_timeout_in_effect(train: dict[str, Any], hung_after_s: float) -> None:
+    spec = _spec(**train)
+    assert spec.train.hung_after_s == hung_after_s
+    if spec.train.mode == "torchft":
+        env = dict(foreign_env(spec, 0))
+        assert float(env["FTHSDP_PROGRESS_TIMEOUT_S"]) == hung_after_s

@@ -115,6 +115,35 @@ def test_step_reads_a_progress_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_step_without_progress_is_stopped_as_hung(tmp_path: Path) -> None:
+    """Alive but stuck (a deadlocked data loader, a hung write): no new step for the progress
+    timeout stops the step, and it ends as a process fault naming the last step."""
+    script = 'echo "step: 1  loss: 1"; echo "step: 2  loss: 1"; sleep 120'
+    launch = _launch(
+        tmp_path, script, f"t-{os.getpid()}-hung", progress_regex=REGEX, progress_timeout_s=1.5
+    )
+    step = ForeignStep(launch)
+    t0 = time.monotonic()
+    step.start()
+    assert step.wait() == ExitCode.PROCESS_FAULT
+    assert 1.5 <= time.monotonic() - t0 < 15
+    assert step.hung is not None and "no progress for" in step.hung, step.hung
+    assert "(last step 2)" in step.hung
+
+
+@pytest.mark.timeout(60)
+def test_a_step_that_keeps_stepping_is_never_hung(tmp_path: Path) -> None:
+    script = 'for i in $(seq 1 12); do echo "step: $i  loss: 1"; sleep 0.25; done'
+    launch = _launch(
+        tmp_path, script, f"t-{os.getpid()}-steps", progress_regex=REGEX, progress_timeout_s=1.5
+    )
+    step = ForeignStep(launch)
+    step.start()
+    assert step.wait() == 0  # 3 s in all, never 1.5 s without a step
+    assert step.hung is None and step.step == 12
+
+
+@pytest.mark.timeout(60)
 def test_a_dead_step_leaves_no_ghost(tmp_path: Path) -> None:
     """A worker in its own session (as torchrun's workers are) outlives its parent's death;
     the step's end kills it by the launch's incarnation, and nobody else's process."""
@@ -176,22 +205,17 @@ def _on_this_host(root: Path, job: str) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.timeout(120)
-def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
-    live_run: tuple[Path, Path, dict[str, str], ControlProcess],
-) -> None:
-    """The real coordinator accepts the supervisor's signed status reports for a trainer that
-    sends nothing: its state shows the group's step from the trainer's output."""
+def _group_one(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess], **extra: str
+) -> tuple[Path, dict[str, str], str]:
+    """Start the run's coordinator; (run dir, the environment of replica 1's torchft-mode
+    supervisor in fake job 101 on this host, the address given as the Lighthouse)."""
     run_dir, root, env, proc = live_run
     _on_this_host(root, "101")
     url = proc.start()
     control = json.loads((run_dir / "control.json").read_text())
-    control["lighthouse"] = url  # any listening address: the step only prints it
+    control["lighthouse"] = url  # any listening address: the steps here only print it
     (run_dir / "control.json").write_text(json.dumps(control))
-    script = (
-        'echo "lh=$TORCHFT_LIGHTHOUSE rdzv=$FTHSDP_RDZV_ENDPOINT g=$REPLICA_GROUP_ID"; '
-        'for i in $(seq 1 40); do echo "step: $i  loss: 1"; sleep 0.25; done'
-    )
     env = dict(
         env,
         SLURM_JOB_ID="101",
@@ -199,7 +223,21 @@ def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
         SLURM_JOB_NODELIST="localhost",
         FTHSDP_TRAIN_MODE="torchft",
         FTHSDP_PROGRESS_REGEX=REGEX,
-        REPLICA_GROUP_ID="1",
+        **extra,
+    )
+    return run_dir, env, url
+
+
+@pytest.mark.timeout(120)
+def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],
+) -> None:
+    """The real coordinator accepts the supervisor's signed status reports for a trainer that
+    sends nothing: its state shows the group's step from the trainer's output."""
+    run_dir, env, url = _group_one(live_run, REPLICA_GROUP_ID="1")
+    script = (
+        'echo "lh=$TORCHFT_LIGHTHOUSE rdzv=$FTHSDP_RDZV_ENDPOINT g=$REPLICA_GROUP_ID"; '
+        'for i in $(seq 1 40); do echo "step: $i  loss: 1"; sleep 0.25; done'
     )
     argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
     argv += ["--replica", "1", "--", "bash", "-c", script]
@@ -230,24 +268,11 @@ def test_a_failed_foreign_step_is_relaunched_with_a_new_rendezvous(
 ) -> None:
     """A trainer exiting 10 (a process fault) is reported by the supervisor and relaunched in
     place by the coordinator's directive; the relaunch gets a new incarnation and port."""
-    run_dir, root, env, proc = live_run
-    _on_this_host(root, "101")
-    url = proc.start()
-    control = json.loads((run_dir / "control.json").read_text())
-    control["lighthouse"] = url
-    (run_dir / "control.json").write_text(json.dumps(control))
+    run_dir, env, _ = _group_one(live_run)
     record = run_dir / "launches"
     script = (
         f'echo "$FTHSDP_LAUNCH $FTHSDP_INCARNATION $MASTER_PORT" >> {record}; '
         'echo "step: 5  loss: 1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit 10'
-    )
-    env = dict(
-        env,
-        SLURM_JOB_ID="101",
-        SLURM_RESTART_COUNT="0",
-        SLURM_JOB_NODELIST="localhost",
-        FTHSDP_TRAIN_MODE="torchft",
-        FTHSDP_PROGRESS_REGEX=REGEX,
     )
     argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
     argv += ["--replica", "1", "--decision-wait", "10", "--", "bash", "-c", script]
@@ -257,3 +282,34 @@ def test_a_failed_foreign_step_is_relaunched_with_a_new_rendezvous(
     assert (first[0], first[1], second[0], second[1]) == ("0", "101.0.0", "1", "101.0.1")
     assert first[2] != second[2]  # a fresh rendezvous port per launch
     assert "directive relaunch" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_foreign_step_is_reported_as_hung_and_relaunched(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],
+) -> None:
+    """The supervisor stops a step that stopped stepping, reports it to the coordinator as a
+    process fault saying why, and the relaunch trains on."""
+    run_dir, env, _ = _group_one(live_run, FTHSDP_PROGRESS_TIMEOUT_S="2")
+    script = 'echo "step: 5  loss: 1"; [ "$FTHSDP_LAUNCH" != 0 ] || sleep 120'
+    argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
+    argv += ["--replica", "1", "--decision-wait", "10", "--", "bash", "-c", script]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "hung: no progress for" in r.stderr and "directive relaunch" in r.stderr
+    state = fetch_state(run_dir) or {"replicas": []}
+    (row,) = [x for x in state["replicas"] if x["replica"] == 1]
+    assert "hung: no progress for" in str(row["last_failure"]), row
+
+
+def test_a_nonsense_progress_timeout_is_refused(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess], tmp_path: Path
+) -> None:
+    run_dir, _, env, _ = live_run
+    env = dict(env, FTHSDP_TRAIN_MODE="torchft", FTHSDP_PROGRESS_TIMEOUT_S="soon")
+    argv = [sys.executable, "-m", "fthsdp_cli", "replica", "--run-dir", str(run_dir)]
+    argv += ["--replica", "1", "--", "true"]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2, r.stderr
+    assert "FTHSDP_PROGRESS_TIMEOUT_S" in r.stderr and "soon" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -8,6 +8,9 @@ starts it (the replica supervisor on Slurm, `fthsdp run --local` here) speaks fo
   progress_file`, for the group's step;
 - it sends a signed status report (`runtime.reporting.ReportClient`) about once a second while
   the step runs: alive, the step, the seconds per step since the last report;
+- a step whose progress has not advanced for `progress_timeout_s` (from its launch or its last
+  step) is hung: it is stopped and ends as a process fault (`ExitCode.PROCESS_FAULT`), which the
+  supervisor relaunches in place, so a trainer that is alive but stuck is not reported alive;
 - it runs the node watchdog (`runtime.watchdog`: Xid, GPU count, ECC from the kernel log, as a
   native worker does) on its own node; a failing verdict stops the step and makes it a node
   fault (`ExitCode.NODE_FAULT`) with the evidence, so the coordinator drains and requeues;
@@ -54,6 +57,8 @@ class ForeignLaunch:
     progress_file: Path | None = None
     health_checks: Sequence[str] = ()
     report_interval_s: float = 1.0
+    #: Seconds without progress after which the step is hung and stopped; 0 = never.
+    progress_timeout_s: float = 0.0
     #: Extra Popen arguments (the local runner starts each group in its own session).
     popen: Mapping[str, Any] = field(default_factory=dict)
     #: Where the step's lines go (default: this process's stdout and stderr).
@@ -78,6 +83,8 @@ class ForeignStep:
         self.file = FileProgress(launch.progress_file) if launch.progress_file else None
         self.child: subprocess.Popen[bytes] | None = None
         self.fault: NodeFault | None = None
+        #: Why the step was taken as hung (no progress for `progress_timeout_s`), or None.
+        self.hung: str | None = None
         self._done = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watchdog_factory = watchdog_factory
@@ -129,6 +136,12 @@ class ForeignStep:
         self.fault = NodeFault(reason, list(evidence))
         self.stop(signal.SIGTERM)
 
+    def _on_hung(self, silent_s: float, step: int | None) -> None:
+        where = "no step yet" if step is None else f"last step {step}"
+        self.hung = f"hung: no progress for {silent_s:.0f}s ({where})"
+        log.error("%s; stopping the step", self.hung)
+        self.stop(signal.SIGTERM)
+
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Signal the step (srun forwards it to every task), SIGKILL after a grace period."""
         child = self.child
@@ -155,6 +168,7 @@ class ForeignStep:
 
     def _report_loop(self) -> None:
         last: tuple[float, int] | None = None
+        progressed = time.monotonic()
         while True:
             done = self._done.wait(self.launch.report_interval_s)
             if self.file is not None:
@@ -166,6 +180,10 @@ class ForeignStep:
                 step_time = (now - last[0]) / (step - last[1])
             if step is not None and (last is None or step > last[1]):
                 last = (now, step)
+                progressed = now
+            limit = self.launch.progress_timeout_s
+            if not done and self.hung is None and limit > 0 and now - progressed > limit:
+                self._on_hung(now - progressed, step)
             if self.report is not None:  # the last one carries the final step
                 try:
                     self.report(step=step or 0, step_time_s=step_time)
@@ -185,8 +203,10 @@ class ForeignStep:
             t.join(timeout=5.0)
         if self.file is not None:
             self.file.poll()
-        if self.fault is not None:
-            from runtime.control.report import ExitCode
+        from runtime.control.report import ExitCode
 
+        if self.fault is not None:
             return int(ExitCode.NODE_FAULT)
+        if self.hung is not None:
+            return int(ExitCode.PROCESS_FAULT)
         return code

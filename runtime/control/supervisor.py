@@ -46,7 +46,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -68,6 +68,8 @@ EXIT_FOR_REQUEUE = 75
 #: ... when the control plane never came up (nothing counted, nothing requeued).
 EXIT_NO_CONTROL_PLANE = int(ExitCode.NO_QUORUM_SERVICE)
 CONTROL_WAIT_ENV = "FTHSDP_CONTROL_WAIT_S"
+#: Seconds without progress after which a foreign trainer's step is hung (render sets it; 0: off).
+PROGRESS_TIMEOUT_ENV = "FTHSDP_PROGRESS_TIMEOUT_S"
 
 
 @dataclass
@@ -94,19 +96,16 @@ class SupervisorConfig:
     mode: str = "fthsdp"
     progress_regex: str | None = None
     progress_file: str | None = None
+    #: torchft mode: seconds without progress after which the step is hung; 0 = never.
+    progress_timeout_s: float = 0.0
     health_checks: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, run_dir: Path, replica: int, command: list[str]) -> SupervisorConfig:
         env = os.environ
         nodelist = env.get("SLURM_JOB_NODELIST_HET_GROUP_0") or env.get("SLURM_JOB_NODELIST", "")
-        wait = env.get(CONTROL_WAIT_ENV, "300")
-        try:
-            control_wait_s = float(wait)
-        except ValueError:
-            control_wait_s = -1.0
-        if not 0 <= control_wait_s < float("inf"):
-            raise InputError(CONTROL_WAIT_ENV, wait, "seconds >= 0")
+        control_wait_s = _seconds(env, CONTROL_WAIT_ENV, "300", "seconds >= 0")
+        progress_timeout_s = _seconds(env, PROGRESS_TIMEOUT_ENV, "0", "seconds >= 0 (0: off)")
         return cls(
             run_dir=run_dir,
             replica=replica,
@@ -118,8 +117,21 @@ class SupervisorConfig:
             mode=env.get("FTHSDP_TRAIN_MODE") or "fthsdp",
             progress_regex=env.get("FTHSDP_PROGRESS_REGEX") or None,
             progress_file=env.get("FTHSDP_PROGRESS_FILE") or None,
+            progress_timeout_s=progress_timeout_s,
             health_checks=tuple(c for c in env.get("FTHSDP_HEALTH_CHECKS", "").split(",") if c),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: str, allowed: str) -> float:
+    """A finite, non-negative number of seconds from the environment; InputError otherwise."""
+    raw = env.get(name) or default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise InputError(name, raw, allowed)
+    return value
 
 
 def _answers(address: object) -> bool:
@@ -224,6 +236,8 @@ class Supervisor:
         self.unreached = 0
         #: The node fault the watchdog found in the last foreign step (torchft mode).
         self.node_fault: tuple[str, list[str]] | None = None
+        #: Why the last foreign step was stopped as hung, or None.
+        self.hung: str | None = None
         self._control_job: str | None = None
         try:
             from slurm.run_dir import read_run
@@ -284,6 +298,7 @@ class Supervisor:
             env=env,
             progress_regex=c.progress_regex,
             progress_file=progress,
+            progress_timeout_s=c.progress_timeout_s,
             health_checks=c.health_checks,
         )
         client = self._report_client()
@@ -300,6 +315,7 @@ class Supervisor:
         if client is not None:
             client.close(timeout_s=c.http_timeout_s)  # sent before any fatal report
         self.node_fault = (step.fault.reason, step.fault.evidence) if step.fault else None
+        self.hung = step.hung
         return code
 
     def _report_client(self) -> ReportClient | None:
@@ -334,7 +350,7 @@ class Supervisor:
             nodes=c.nodes,
             failure=failure,  # type: ignore[arg-type]
             exit_code=exit_code,
-            last_error=fault[0] if fault else f"step exited with {code}",
+            last_error=fault[0] if fault else (self.hung or f"step exited with {code}"),
             failed_node=c.nodes[0] if fault and c.nodes else None,
             evidence=[e[:500] for e in fault[1][:16]] if fault else [],
             launch=self.launch,
