@@ -30,7 +30,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
@@ -409,12 +409,31 @@ def is_live(job: JobInfo) -> bool:
     return job.state.upper() not in TERMINAL_STATES
 
 
-def live_jobs(record: RunRecord, backend: SlurmBackend) -> list[JobInfo]:
-    """The run's jobs that Slurm still has pending, running, held or requeued."""
-    ids = record.job_ids
+def live_jobs(record: RunRecord, backend: SlurmBackend, extra: Sequence[str] = ()) -> list[JobInfo]:
+    """The run's jobs (and `extra` ones) that Slurm still has pending, running, held or
+    requeued."""
+    ids = [*record.job_ids, *extra]
     if not ids:
         return []
     return [j for j in backend.jobs(ids) if is_live(j)]
+
+
+def _slot_jobs(run_dir: Path) -> list[str]:
+    """The run's spare slot jobs (`spares.json`): a slot outlives a control plane that died,
+    holds its nodes and would run a replica's script if it was assigned one. A pool file
+    that cannot be read is refused, never taken as "no slots"."""
+    from runtime.control.spares import PoolFileError, read_pool
+
+    try:
+        pool = read_pool(run_dir)
+    except (PoolFileError, OSError) as exc:
+        raise InputError(
+            "job.run_dir",
+            str(run_dir),
+            f"a readable spare pool, not {exc}; cancel its slot jobs with scancel, or use "
+            "another run_dir",
+        ) from None
+    return [s.job_id for s in pool.slots] if pool else []
 
 
 #: What a run leaves in its directory besides its scripts, spec.json and secret (which a new
@@ -457,7 +476,7 @@ def check_resubmit(run_dir: Path, backend: SlurmBackend, force: bool = False) ->
     """
     run_dir = Path(run_dir)
     if (run_dir / JOBS_FILE).exists():
-        live = live_jobs(read_run(run_dir), backend)
+        live = live_jobs(read_run(run_dir), backend, _slot_jobs(run_dir))
         if live:
             ids = ",".join(sorted({j.base_id for j in live}))
             raise InputError(

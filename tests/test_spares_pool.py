@@ -204,6 +204,26 @@ def test_a_run_without_spares_leaves_no_pool_file(tmp_path: Path) -> None:
     assert read_pool(run) is None and not (run / "spare.sbatch").exists()
 
 
+def test_a_resubmit_is_refused_while_a_slot_job_lives_on(tmp_path: Path) -> None:
+    """Replicas and control job gone, a slot job still queued (its control plane died before
+    it cancelled the pool): the run is live, even with --force."""
+    from test_submit_unit import RecordingBackend
+
+    from slurm.records import JobInfo
+    from slurm.submit import submit_run
+
+    backend = RecordingBackend()
+    submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]
+    backend.queue = [JobInfo("105", "u-spare", "PENDING", "", 0, "None")]
+    with pytest.raises(InputError, match=r"holds a live run \(jobs 105\)"):
+        submit_run(_spares_spec(tmp_path, 4), backend, force=True)  # type: ignore[arg-type]
+    backend.queue = []
+    (tmp_path / "run" / "spares.json").write_text("{")
+    with pytest.raises(InputError, match="a readable spare pool") as err:
+        submit_run(_spares_spec(tmp_path, 4), backend, force=True)  # type: ignore[arg-type]
+    assert err.value.field == "job.run_dir"
+
+
 def test_a_failed_slot_submit_cancels_the_whole_run(tmp_path: Path) -> None:
     from test_submit_unit import RecordingBackend
 

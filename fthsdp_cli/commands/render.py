@@ -131,13 +131,11 @@ def cancel(run_dir: Path) -> None:
     check_slurm_conf()
     backend = default_backend(notice=stderr_notice)
     from runtime.control.spares import pool_job_ids
-    from slurm.run_dir import is_live
 
     spares = pool_job_ids(run_dir)  # the hot-spare slots (a replica may run in one)
     ids = [r.job_id for r in record.replicas] + spares
     ids += [record.control.job_id] if record.control else []
-    live = {j.base_id for j in live_jobs(record, backend)}
-    live |= {j.base_id for j in backend.jobs(spares) if is_live(j)} if spares else set()
+    live = {j.base_id for j in live_jobs(record, backend, spares)}
     to_cancel, finished = cancel_order(ids, live)
     if to_cancel:
         backend.cancel(to_cancel)
