@@ -253,3 +253,8 @@ def test_cli_submit_status_cancel(backend: CommandBackend, tmp_path: Path) -> No
     r = runner.invoke(cli, ["cancel", str(run)])
     assert r.exit_code == 0 and "cancelled 3 job(s)" in r.output
     wait_for(lambda: not live_jobs(read_run(run), backend) or None, 60, "cancelled jobs to leave")
+    # A spare pool file that cannot be read: the rest is still cancelled, then exit 2 naming it.
+    (run / "spares.json").write_text("{")
+    r = runner.invoke(cli, ["cancel", str(run)])
+    assert r.exit_code == 2 and "nothing left to cancel" in r.output, r.output
+    assert "spares.json" in r.output and "scancel them by hand" in r.output, r.output

@@ -130,9 +130,17 @@ def cancel(run_dir: Path) -> None:
     record = read_run(run_dir)
     check_slurm_conf()
     backend = default_backend(notice=stderr_notice)
-    from runtime.control.spares import pool_job_ids
+    from runtime.control.spares import PoolFileError, read_pool
+    from slurm.errors import InputError
 
-    spares = pool_job_ids(run_dir)  # the hot-spare slots (a replica may run in one)
+    # The hot-spare slots (a replica may run in one). A pool file that cannot be read still
+    # lets the rest be cancelled, then fails: its slot jobs may hold nodes.
+    unreadable: PoolFileError | None = None
+    try:
+        pool = read_pool(run_dir)
+    except PoolFileError as exc:
+        pool, unreadable = None, exc
+    spares = [s.job_id for s in pool.slots] if pool else []
     ids = [r.job_id for r in record.replicas] + spares
     ids += [record.control.job_id] if record.control else []
     live = {j.base_id for j in live_jobs(record, backend, spares)}
@@ -144,3 +152,10 @@ def cancel(run_dir: Path) -> None:
         click.echo("nothing left to cancel")
     if finished:
         click.echo(f"already finished: {','.join(finished)}")
+    if unreadable is not None:
+        raise InputError(
+            "spares.json",
+            str(unreadable),
+            "a readable spare pool; its slot jobs (job name ending -spare) were not cancelled: "
+            "scancel them by hand",
+        )
