@@ -221,6 +221,11 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
                 r1 = reps(after)[1]
                 assert r1["nodes"] == before["spares"]["slots"][0]["nodes"], r1
                 assert victim not in r1["nodes"]
+                # Its output goes to its own logs, named for the slot's job, not to the slot's.
+                logs = [run_dir / "logs" / f"replica-01-{slot}.{x}" for x in ("out", "err")]
+                listing = sorted(p.name for p in (run_dir / "logs").iterdir())
+                assert all(p.exists() for p in logs), listing
+                assert sum(p.stat().st_size for p in logs) > 0, listing
                 assert squeue_state(old_job) in ("", "CANCELLED", "COMPLETING", "COMPLETED")
                 assert reps(after)[0]["job_id"] == reps(before)[0]["job_id"]
                 # A refill slot waits in the queue like anyone's job.

@@ -539,7 +539,7 @@ def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: floa
             pool = None
         slot = pool.slot(job_id) if pool else None
         if slot is not None and slot.replica is not None and slot.script is not None:
-            return _become(run_dir, slot)
+            return _become(run_dir, slot, job_id)
         if slot is None and pool is not None and time.monotonic() - started > unlisted_grace_s:
             print(f"fthsdp spare: job {job_id} is not in the pool: leaving", file=sys.stderr)
             return 0
@@ -551,15 +551,35 @@ def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: floa
         time.sleep(poll_s)
 
 
-def _become(run_dir: Path, slot: Slot) -> int:
+def replica_logs(run_dir: Path, script: str, job_id: str) -> tuple[Path, Path]:
+    """The stdout and stderr files a replica's script gets in job `job_id` (`--output` and
+    `--error` of its `#SBATCH` block, `%j` filled in)."""
+    from slurm.run_dir import LOG_DIR
+
+    stem = Path(run_dir) / LOG_DIR / f"{script.removesuffix('.sbatch')}-{job_id}"
+    return stem.with_name(stem.name + ".out"), stem.with_name(stem.name + ".err")
+
+
+def _become(run_dir: Path, slot: Slot, job_id: str) -> int:
     assert slot.script is not None and _SCRIPT.fullmatch(slot.script)
     path = Path(run_dir) / slot.script
     st = path.stat()
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         print(f"fthsdp spare: {path} is not this user's private script", file=sys.stderr)
         return 2
-    print(f"fthsdp spare: running replica {slot.replica} ({slot.script})", file=sys.stderr)
+    logs = replica_logs(run_dir, slot.script, job_id)
+    print(
+        f"fthsdp spare: running replica {slot.replica} ({slot.script}); its output goes to "
+        f"{logs[0]} and {logs[1]}",
+        file=sys.stderr,
+    )
     sys.stderr.flush()
+    # The replica's output belongs in its own logs (named as if Slurm had started its script in
+    # this job), not in this slot's.
+    for fd, log in zip((1, 2), logs, strict=True):
+        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
     os.execv("/bin/bash", ["/bin/bash", str(path)])
     return 0  # pragma: no cover - execv does not return
 
