@@ -396,7 +396,6 @@ def observe(
     assert sample.compute_s is not None
     median = _peer_median(tracks, sample.replica, sample.received_at, config)
     own = _own_pace(old, config)
-    ratio: float | None = None
     if median is None or median <= 0 or own is None or own <= 0:
         track = replace(old, latest=sample, last_ratio=None, peer_median_s=median, own_pace_s=own)
     else:
