@@ -577,7 +577,12 @@ def _become(run_dir: Path, slot: Slot, job_id: str) -> int:
     # The replica's output belongs in its own logs (named as if Slurm had started its script in
     # this job), not in this slot's.
     for fd, log in zip((1, 2), logs, strict=True):
-        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:  # the replica runs on; its output stays here
+            print(f"fthsdp spare: cannot open {log} ({exc}); output stays here", file=sys.stderr)
+            sys.stderr.flush()
+            continue
         os.dup2(target, fd)
         os.close(target)
     os.execv("/bin/bash", ["/bin/bash", str(path)])
