@@ -135,6 +135,10 @@ def plain_worker() -> None:
         if progress is not None:
             progress.write(json.dumps({"t": time.time(), "event": "commit", "step": t}) + "\n")
     _write(run_dir, replica, w, model, times)
+    # Tear down together: a rank that destroys its gloo group while a peer's last collective
+    # still talks to it can abort in gloo's teardown ("terminate called without an active
+    # exception") after all its work was written.
+    dist.barrier()
     dist.destroy_process_group()
 
 

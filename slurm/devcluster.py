@@ -735,6 +735,10 @@ def reconfigure(cfg: DevClusterConfig, **changes: object) -> DevClusterConfig:
     which is waited for (every old daemon gone), and the pid files are made to name them again.
     """
     new = replace(cfg, **changes)  # type: ignore[arg-type]
+    # A reconfigure kills the Prolog and Epilog scripts running then (slurmd logs "epilog killed
+    # by signal 15"), and Slurm drains their nodes "Job epilog failed" / "Prolog error": wait
+    # until the jobs just cancelled or started are past them.
+    _wait_for_no_scripts(cfg, cfg.prolog_epilog_timeout + 30)
     write_files(new)
     before = live_daemons(new)
     r = _run(["scontrol", "reconfigure"], new)
@@ -800,6 +804,20 @@ def down(cfg: DevClusterConfig, grace: float = 10) -> list[str]:
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+def _wait_for_no_scripts(cfg: DevClusterConfig, timeout: float) -> None:
+    """Until no job is configuring (its Prolog runs) or completing (its Epilog runs), at most
+    `timeout` seconds; returns at once when slurmctld does not answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = _run(["squeue", "-h", "-t", "CONFIGURING,COMPLETING", "-o", "%i"], cfg, timeout=5)
+        except subprocess.TimeoutExpired:
+            return
+        if r.returncode != 0 or not r.stdout.strip():
+            return
+        time.sleep(0.25)
 
 
 def _wait_for_no_jobs(cfg: DevClusterConfig, timeout: float) -> None:
