@@ -130,11 +130,12 @@ def _foreign_group_requeued_alone(gated: DevClusterConfig, tmp_path: Path) -> No
             assert after[k]["restarts"] == 0 and after[k]["relaunches"] == 0
             steps = [reps[k]["step"] or 0 for t, reps in trace if t_fault <= t <= t_back]
             assert steps == sorted(steps) and steps[-1] >= steps[0] + 20, steps
-        # Healed from a peer: the requeued run's first step continues from the peers' step,
-        # well past where group 1 stopped; it never started again from step 1.
+        # Healed from a peer: the requeued run's first step is the peers' step, past where
+        # group 1 stopped. The trainer keeps no state on disk, so a new process could only have
+        # started again from step 1 (how far the peers got meanwhile is the machine's pace).
         new_run = logged_steps(run_dir, jobs[1])[len(old_run) :]
         assert new_run[0] >= peers_then, (old_run[-5:], peers_then, new_run[:5])
-        assert new_run[0] > old_run[-1] + 10, (old_run[-5:], new_run[:5])
+        assert new_run[0] > old_run[-1], (old_run[-5:], new_run[:5])
         assert new_run == sorted(new_run), new_run
         print(
             f"\nxid -> requeue seen {t_requeued - t_fault:.1f}s; -> 20 new steps "
