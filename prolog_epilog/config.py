@@ -18,19 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm.errors import InputError
+from slurm.health_names import CHECK_NAMES
 
-CHECK_NAMES = (
-    "gpu-count",
-    "ecc",
-    "nvlink",
-    "infiniband",
-    "xid",
-    "pcie",
-    "thermal",
-    "dcgm",
-    "gpu-procs",
-    "disk",
-)
 GPU_SOURCES = ("auto", "nvml", "nvidia-smi")
 #: What a job-requested check that errored does to that job (never to the node).
 JOB_CHECK_ERRORS = ("cancel", "ignore")

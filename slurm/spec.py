@@ -35,6 +35,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import hostlist
 
 from slurm.errors import InputError
+from slurm.health_names import CHECK_NAMES
 
 #: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -69,7 +70,6 @@ MAIL_TYPES = frozenset(
     }
 )
 GRES_FLAGS = frozenset({"enforce-binding", "disable-binding"})
-#: Health check names (the prolog in prolog_epilog/ owns the list and rejects unknown ones).
 RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
 #: FTHSDP_ inputs a spec may set in `[job].env`: where a rank's watchdog and slow-fault reader
 #: find their node's inputs (a site's health config, or a dev cluster's simulated hardware).
@@ -541,8 +541,6 @@ class HealthSection:
     checks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from prolog_epilog.config import CHECK_NAMES
-
         for c in self.checks:
             if c not in CHECK_NAMES:
                 close = difflib.get_close_matches(c, CHECK_NAMES, n=1)
