@@ -258,10 +258,11 @@ def check_spec_data(path: Path, data: Any) -> dict[str, Any]:
     Fields may be missing (a control plane started by hand writes only what it needs), but
     `replicas.count` must be there: it is what the control plane cannot guess.
     """
-    from slurm import spec as spec_module
+    from slurm.spec import parse_spec
+    from slurm.spec.model import SECTIONS
 
     top = _object(path, "the file", data)
-    sections: Mapping[str, type] = spec_module._SECTIONS
+    sections: Mapping[str, type] = SECTIONS
     for name, value in top.items():
         if name == "source":
             _want(path, name, value, isinstance(value, str), "a string")
@@ -279,7 +280,7 @@ def check_spec_data(path: Path, data: Any) -> dict[str, Any]:
         # A whole spec (what submit writes): its cross-field rules hold too.
         plain = {name: _without_nulls(table) for name, table in top.items() if name != "source"}
         try:
-            spec_module.parse_spec(plain)
+            parse_spec(plain)
         except InputError as exc:
             raise _bad(path, str(exc)) from None
     return top
@@ -293,14 +294,15 @@ def _without_nulls(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_fields(path: Path, cls: type, where: str, table: dict[str, Any]) -> None:
-    from slurm import spec as spec_module
+    from slurm.spec.coerce import coerce
+    from slurm.spec.model import NESTED
 
     hints = get_type_hints(cls)
     for key, value in table.items():
         dotted = f"{where}.{key}"
         if key not in hints:
             raise _bad(path, f"unknown field {dotted}")
-        nested = spec_module._NESTED.get((cls, key))
+        nested = NESTED.get((cls, key))
         if nested is not None:
             if value is not None:
                 _check_fields(path, nested, dotted, _object(path, dotted, value))
@@ -308,7 +310,7 @@ def _check_fields(path: Path, cls: type, where: str, table: dict[str, Any]) -> N
         if value is None:
             continue  # optional fields are written as null
         try:
-            spec_module._coerce(dotted, value, hints[key])
+            coerce(dotted, value, hints[key])
         except InputError as exc:
             raise _bad(path, f"{dotted}: got {value!r:.60}; {exc.allowed}") from None
 

@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from fthsdp_cli.main import cli
-from slurm import spec as spec_module
 from slurm.errors import InputError
 from slurm.render import _quote, render_run
 from slurm.spec import load_spec
+from slurm.spec.model import NESTED, SECTIONS
 
 SPECS = Path(__file__).with_name("specs")
 
@@ -73,9 +73,9 @@ def _takes_str(tp: Any) -> bool:
 def string_fields() -> list[str]:
     """Every spec field whose type admits a string (discovered, so a new field is covered)."""
     out = []
-    for section, cls in spec_module._SECTIONS.items():
+    for section, cls in SECTIONS.items():
         for name, tp in get_type_hints(cls).items():
-            nested = spec_module._NESTED.get((cls, name))
+            nested = NESTED.get((cls, name))
             if nested is not None:
                 for sub, stp in get_type_hints(nested).items():
                     if _takes_str(stp):

@@ -1,21 +1,10 @@
-"""The job spec: one TOML file that describes an FT-HSDP run, read into frozen dataclasses.
+"""The spec's sections: frozen dataclasses whose fields are the schema of the TOML file.
 
-A user writes the run once (`[job]`, `[replicas]`, `[replicas.helper]`, `[control]`, `[train]`,
-`[health]`) and everything downstream (rendering, submission, the control plane, the replica
-runtime) reads the same validated `JobSpec`. Validation happens here, once, so that nothing that
-reaches a `#SBATCH` line or a shell line can be malformed or hostile: names are limited to a safe
-charset, Slurm time and memory formats are checked, and every unknown key is an error with a
-did-you-mean (the whitelist idea from submitit, applied to a whole spec). Every pattern is
-applied with `fullmatch`: `$` alone would let a trailing newline through, and a newline in a
-value ends sbatch's reading of `#SBATCH` lines.
-
-The schema is the dataclasses themselves: each section's fields (with their type hints and
-defaults) are the only keys accepted, and `--set key=value` overrides are typed by the field they
-target. Cross-field rules (constraint list length, `switches_wait` needs `switches`, the timeout
-ordering heartbeat < allreduce < quorum < join) live in `__post_init__`.
-
-Bad input raises `slurm.errors.InputError(field, value, allowed)`, which the CLI prints as one line
-with exit code 2.
+Each section's fields (with their type hints and defaults) are the only keys a spec accepts, and
+`--set` overrides are typed by the field they target. Cross-field rules (constraint list length,
+`switches_wait` needs `switches`, the timeout ordering heartbeat < allreduce < quorum < join)
+live in each `__post_init__`, so a `JobSpec` that exists is a valid one. `SECTIONS` and `NESTED`
+map the TOML tables to their classes for the parser, the overrides and spec.json's reader.
 """
 
 from __future__ import annotations
@@ -23,35 +12,30 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import os
 import re
-import tomllib
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
-
-import hostlist
+from typing import Any
 
 from slurm.errors import InputError
 from slurm.health_names import CHECK_NAMES
-
-#: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-#: Run directories: absolute or relative paths without whitespace, quotes or shell syntax.
-SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./+@=-]*")
-ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (plus UNLIMITED / INFINITE).
-SLURM_TIME = re.compile(
-    r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}"
-    r"|\d+-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)"
+from slurm.spec.fields import (
+    EMAIL,
+    ENV_KEY,
+    SAFE_NAME,
+    SAFE_PATH,
+    check_constraint,
+    check_hostlist,
+    check_mem,
+    check_name,
+    check_not_negative,
+    check_port,
+    check_positive,
+    check_time,
 )
-SLURM_MEM = re.compile(r"\d+[KMGT]?")
-#: Feature expressions: names joined by & | , with optional [] grouping and *count.
-CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*:-]+")
-HOSTLIST = re.compile(r"[A-Za-z0-9_.,\[\]-]+")
-EMAIL = re.compile(r"[A-Za-z0-9_.+-]+@[A-Za-z0-9.-]+")
+
 MAIL_TYPES = frozenset(
     {
         "NONE",
@@ -82,69 +66,6 @@ USER_FTHSDP_ENV = (
     "FTHSDP_WATCHDOG_INTERVAL_S",
 )
 MAX_REPLICAS = 100_000
-
-
-# ---------------------------------------------------------------------------------------------
-# field checks (pure; each raises InputError naming the dotted field)
-
-
-def _name(where: str, value: str | None, optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value):
-        raise InputError(where, value, "allowed: 1-64 characters of A-Z a-z 0-9 _ . - (no spaces)")
-
-
-def _time(where: str, value: str | None) -> None:
-    if value is not None and not SLURM_TIME.fullmatch(value):
-        raise InputError(
-            where,
-            value,
-            "a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
-        )
-
-
-def _mem(where: str, value: str | None) -> None:
-    if value is not None and not SLURM_MEM.fullmatch(value):
-        raise InputError(where, value, "a Slurm memory size: digits with optional K/M/G/T")
-
-
-def _positive(where: str, value: int | None, minimum: int = 1) -> None:
-    if value is not None and value < minimum:
-        raise InputError(where, value, f"must be an integer >= {minimum}")
-
-
-def _hostlist(where: str, value: str | None) -> None:
-    if value is None:
-        return
-    if not HOSTLIST.fullmatch(value):
-        raise InputError(where, value, "a Slurm hostlist such as node[1-4],gpu7")
-    try:
-        hostlist.expand_hostlist(value)
-    except hostlist.BadHostlist as exc:
-        raise InputError(where, value, f"a valid hostlist ({exc})") from None
-
-
-def _constraint(where: str, value: str) -> None:
-    if not CONSTRAINT.fullmatch(value):
-        raise InputError(
-            where, value, "a Slurm feature expression of A-Z a-z 0-9 _ . - joined by & | ,"
-        )
-
-
-def _not_negative(where: str, value: float) -> None:
-    if value < 0:
-        raise InputError(where, value, "must be >= 0")
-
-
-def _port(where: str, value: int) -> None:
-    if not (value == 0 or 1024 <= value <= 65535):
-        raise InputError(where, value, "a port in 1024..65535, or 0 to pick a free one")
-
-
-# ---------------------------------------------------------------------------------------------
-# sections
-
 
 STRAGGLER_MODES = ("drain", "exclude", "report")
 TOPOLOGIES = ("tree", "block")
@@ -186,8 +107,8 @@ class JobSection:
                 "a path on a shared filesystem of A-Z a-z 0-9 _ . / + - (no spaces or '..')",
             )
         for key in ("account", "qos", "partition"):
-            _name(f"job.{key}", getattr(self, key))
-        _time("job.time", self.time)
+            check_name(f"job.{key}", getattr(self, key))
+        check_time("job.time", self.time)
         if self.mail_user is not None and not EMAIL.fullmatch(self.mail_user):
             raise InputError("job.mail_user", self.mail_user, "an e-mail address")
         if self.mail_type is not None:
@@ -231,11 +152,11 @@ class HelperSection:
     def __post_init__(self) -> None:
         if not self.command.strip():
             raise InputError("replicas.helper.command", self.command, "a non-empty shell command")
-        _positive("replicas.helper.nodes", self.nodes)
-        _positive("replicas.helper.tasks_per_node", self.tasks_per_node)
-        _positive("replicas.helper.cpus_per_task", self.cpus_per_task)
-        _name("replicas.helper.partition", self.partition)
-        _mem("replicas.helper.mem", self.mem)
+        check_positive("replicas.helper.nodes", self.nodes)
+        check_positive("replicas.helper.tasks_per_node", self.tasks_per_node)
+        check_positive("replicas.helper.cpus_per_task", self.cpus_per_task)
+        check_name("replicas.helper.partition", self.partition)
+        check_mem("replicas.helper.mem", self.mem)
 
 
 @dataclass(frozen=True)
@@ -266,29 +187,29 @@ class ReplicasSection:
     helper: HelperSection | None = None
 
     def __post_init__(self) -> None:
-        _positive("replicas.count", self.count)
+        check_positive("replicas.count", self.count)
         if self.count > MAX_REPLICAS:
             raise InputError("replicas.count", self.count, f"at most {MAX_REPLICAS}")
-        _positive("replicas.nodes", self.nodes)
-        _positive("replicas.gpus_per_node", self.gpus_per_node, minimum=0)
+        check_positive("replicas.nodes", self.nodes)
+        check_positive("replicas.gpus_per_node", self.gpus_per_node, minimum=0)
         if self.gpu_type is not None:
-            _name("replicas.gpu_type", self.gpu_type)
+            check_name("replicas.gpu_type", self.gpu_type)
             if self.gpus_per_node == 0:
                 raise InputError("replicas.gpu_type", self.gpu_type, "needs gpus_per_node >= 1")
         if self.tasks_per_node is None:
             object.__setattr__(self, "tasks_per_node", self.gpus_per_node or 1)
-        _positive("replicas.tasks_per_node", self.tasks_per_node)
-        _positive("replicas.cpus_per_task", self.cpus_per_task)
-        _mem("replicas.mem", self.mem)
-        _name("replicas.partition", self.partition)
-        _name("replicas.reservation", self.reservation)
-        _positive("replicas.switches", self.switches)
+        check_positive("replicas.tasks_per_node", self.tasks_per_node)
+        check_positive("replicas.cpus_per_task", self.cpus_per_task)
+        check_mem("replicas.mem", self.mem)
+        check_name("replicas.partition", self.partition)
+        check_name("replicas.reservation", self.reservation)
+        check_positive("replicas.switches", self.switches)
         if self.switches_wait is not None:
             if self.switches is None:
                 raise InputError(
                     "replicas.switches_wait", self.switches_wait, "needs replicas.switches set"
                 )
-            _time("replicas.switches_wait", self.switches_wait)
+            check_time("replicas.switches_wait", self.switches_wait)
         self._check_topology()
         if isinstance(self.constraint, tuple):
             if len(self.constraint) != self.count:
@@ -298,11 +219,11 @@ class ReplicasSection:
                     f"one string, or a list of exactly replicas.count={self.count} strings",
                 )
             for k, c in enumerate(self.constraint):
-                _constraint(f"replicas.constraint[{k}]", c)
+                check_constraint(f"replicas.constraint[{k}]", c)
         elif self.constraint is not None:
-            _constraint("replicas.constraint", self.constraint)
-        _hostlist("replicas.exclude", self.exclude)
-        _hostlist("replicas.nodelist", self.nodelist)
+            check_constraint("replicas.constraint", self.constraint)
+        check_hostlist("replicas.exclude", self.exclude)
+        check_hostlist("replicas.nodelist", self.nodelist)
         if self.gres_flags is not None and self.gres_flags not in GRES_FLAGS:
             raise InputError("replicas.gres_flags", self.gres_flags, f"one of {sorted(GRES_FLAGS)}")
 
@@ -315,7 +236,7 @@ class ReplicasSection:
             return
         if self.topology != "block":
             raise InputError("replicas.segment", self.segment, "needs replicas.topology = 'block'")
-        _positive("replicas.segment", self.segment)
+        check_positive("replicas.segment", self.segment)
         if self.nodes % self.segment:
             # sbatch(1): the node count must be a multiple of the segment size.
             raise InputError(
@@ -375,12 +296,12 @@ class ControlSection:
     python: str = "python"
 
     def __post_init__(self) -> None:
-        _name("control.partition", self.partition)
-        _positive("control.cpus", self.cpus)
-        _mem("control.mem", self.mem)
-        _time("control.time", self.time)
-        _port("control.lighthouse_port", self.lighthouse_port)
-        _port("control.coordinator_port", self.coordinator_port)
+        check_name("control.partition", self.partition)
+        check_positive("control.cpus", self.cpus)
+        check_mem("control.mem", self.mem)
+        check_time("control.time", self.time)
+        check_port("control.lighthouse_port", self.lighthouse_port)
+        check_port("control.coordinator_port", self.coordinator_port)
         if self.lighthouse_port and self.lighthouse_port == self.coordinator_port:
             raise InputError(
                 "control.coordinator_port", self.coordinator_port, "differs from lighthouse_port"
@@ -486,14 +407,14 @@ class TrainSection:
             _progress_regex(self.progress_regex)
         if self.progress_file is not None:
             _progress_file(self.progress_file)
-        _positive("train.steps", self.steps)
-        _positive("train.min_replicas", self.min_replicas)
-        _positive("train.max_restarts_per_replica", self.max_restarts_per_replica, minimum=0)
+        check_positive("train.steps", self.steps)
+        check_positive("train.min_replicas", self.min_replicas)
+        check_positive("train.max_restarts_per_replica", self.max_restarts_per_replica, minimum=0)
         for key in ("restart_window_s", "checkpoint_every_s", "checkpoint_every_steps"):
-            _not_negative(f"train.{key}", getattr(self, key))
+            check_not_negative(f"train.{key}", getattr(self, key))
         if not self.straggler_factor > 1:
             raise InputError("train.straggler_factor", self.straggler_factor, "must be > 1")
-        _positive("train.straggler_window_steps", self.straggler_window_steps)
+        check_positive("train.straggler_window_steps", self.straggler_window_steps)
         if not self.straggler_window_s > 0:
             raise InputError("train.straggler_window_s", self.straggler_window_s, "must be > 0")
         if self.straggler_mode not in STRAGGLER_MODES:
@@ -565,7 +486,7 @@ class SparesSection:
     nodes: int = 0
 
     def __post_init__(self) -> None:
-        _positive("spares.nodes", self.nodes, minimum=0)
+        check_positive("spares.nodes", self.nodes, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -635,10 +556,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# generic, schema-driven parsing
-
-_SECTIONS: dict[str, type] = {
+#: The TOML tables of a spec and the section each one is read into.
+SECTIONS: dict[str, type] = {
     "job": JobSection,
     "replicas": ReplicasSection,
     "control": ControlSection,
@@ -646,195 +565,5 @@ _SECTIONS: dict[str, type] = {
     "health": HealthSection,
     "spares": SparesSection,
 }
-_NESTED: dict[tuple[type, str], type] = {(ReplicasSection, "helper"): HelperSection}
-
-
-def _type_name(tp: Any) -> str:
-    if tp is type(None):
-        return "none"
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
-    if origin is tuple:
-        return f"list of {_type_name(get_args(tp)[0])}"
-    if origin is Mapping:
-        return "table of strings"
-    names = {int: "integer", float: "number", str: "string", bool: "true/false"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _coerce(where: str, value: Any, tp: Any) -> Any:
-    """Check `value` (from TOML) against the field type `tp`; return it in the field's form."""
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        errors = []
-        for alt in get_args(tp):
-            if alt is type(None):
-                continue
-            try:
-                return _coerce(where, value, alt)
-            except InputError as exc:
-                errors.append(exc)
-        raise InputError(where, value, f"expected {_type_name(tp)}")
-    if origin is tuple:
-        if isinstance(value, str) and where.endswith("setup"):
-            value = [value]
-        if not isinstance(value, list):
-            raise InputError(where, value, f"expected {_type_name(tp)}")
-        inner = get_args(tp)[0]
-        return tuple(_coerce(f"{where}[{k}]", v, inner) for k, v in enumerate(value))
-    if origin is Mapping:
-        if not isinstance(value, dict):
-            raise InputError(where, value, "expected a table of string values")
-        out = {}
-        for k, v in value.items():
-            if isinstance(v, bool) or not isinstance(v, str | int | float):
-                raise InputError(f"{where}.{k}", v, "expected a string (or number)")
-            out[k] = str(v)
-        return out
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise InputError(where, value, "expected true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(where, value, "expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(where, value, "expected a number")
-        return float(value)
-    if tp is str:
-        if (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and where.endswith(("time", "_wait"))
-        ):
-            return str(value)  # `time = 30` means 30 minutes, as in sbatch
-        if not isinstance(value, str):
-            raise InputError(where, value, "expected a string")
-        return value
-    raise TypeError(f"unsupported field type {tp!r}")  # pragma: no cover - schema bug
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    close = close or sorted(c for c in choices if c.startswith(word) or word.startswith(c))[:1]
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"allowed keys: {', '.join(sorted(choices))}{hint}"
-
-
-def _build(cls: type, where: str, table: Any) -> Any:
-    if not isinstance(table, dict):
-        raise InputError(where, table, "expected a table")
-    hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    for key in table:
-        if key not in fields:
-            raise InputError(
-                f"{where}.{key}" if where else key, key, _did_you_mean(key, list(fields))
-            )
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        dotted = f"{where}.{name}" if where else name
-        if name not in table:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise InputError(dotted, None, "required")
-            continue
-        nested = _NESTED.get((cls, name)) or (_SECTIONS.get(name) if cls is JobSpec else None)
-        if nested is not None:
-            kwargs[name] = _build(nested, dotted, table[name])
-        else:
-            kwargs[name] = _coerce(dotted, table[name], hints[name])
-    return cls(**kwargs)
-
-
-def parse_spec(data: Mapping[str, Any], source: str = "") -> JobSpec:
-    """Validate a spec given as plain data (what tomllib returns)."""
-    spec: JobSpec = _build(JobSpec, "", dict(data))
-    return dataclasses.replace(spec, source=source) if source else spec
-
-
-# ---------------------------------------------------------------------------------------------
-# overrides
-
-
-def _field_type(path: list[str]) -> Any:
-    """The type hint of the field a dotted override path targets (None = a free-form table)."""
-    cls: type = JobSpec
-    for k, key in enumerate(path):
-        if cls is JobSpec:
-            if key not in _SECTIONS:
-                raise InputError("--set", ".".join(path), _did_you_mean(key, list(_SECTIONS)))
-            cls = _SECTIONS[key]
-            continue
-        hints = get_type_hints(cls)
-        if key not in hints:
-            raise InputError("--set", ".".join(path), _did_you_mean(key, list(hints)))
-        nested = _NESTED.get((cls, key))
-        if nested is not None:
-            cls = nested
-            continue
-        if get_origin(hints[key]) is Mapping:
-            if k + 2 != len(path):
-                raise InputError("--set", ".".join(path), f"{'.'.join(path[: k + 1])}.NAME=VALUE")
-            return str
-        if k + 1 != len(path):
-            raise InputError("--set", ".".join(path), f"{'.'.join(path[: k + 1])} is not a table")
-        return hints[key]
-    raise InputError("--set", ".".join(path), "a field, not a section")
-
-
-def _parse_literal(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply `section.key=value` overrides to raw spec data, typed by the target field.
-
-    A string field takes the text as is; any other field parses it as a TOML value
-    (`4`, `2.5`, `true`, `["a", "b"]`), so validation reports a wrong type against the field.
-    """
-    out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        path = key.strip().split(".")
-        if not sep or not all(path):
-            raise InputError("--set", item, "KEY=VALUE, e.g. replicas.count=4")
-        tp = _field_type(path)
-        accepts_str = tp is str or (
-            get_origin(tp) in (Union, types.UnionType) and str in get_args(tp)
-        )
-        value: Any = _parse_literal(text)
-        if accepts_str and not isinstance(value, list):
-            value = text
-        node = out
-        for part in path[:-1]:
-            child = node.get(part)
-            child = dict(child) if isinstance(child, dict) else {}
-            node[part] = child
-            node = child
-        node[path[-1]] = value
-    return out
-
-
-def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
-    """Read, override and validate a spec file. Raises InputError on any bad input."""
-    p = Path(path)
-    try:
-        raw = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError("SPEC", str(p), "an existing TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError("SPEC", str(p), f"valid TOML ({exc})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError("SPEC", str(p), f"a readable UTF-8 file ({exc})") from None
-    data = apply_overrides(raw, overrides)
-    job = data.get("job")
-    if isinstance(job, dict) and isinstance(job.get("run_dir"), str) and job["run_dir"]:
-        # Slurm jobs and later commands run from other directories: pin the path now.
-        job["run_dir"] = os.path.abspath(job["run_dir"])
-    return parse_spec(data, source=str(p))
+#: Tables inside a section: (section class, field) -> the class that table is read into.
+NESTED: dict[tuple[type, str], type] = {(ReplicasSection, "helper"): HelperSection}
