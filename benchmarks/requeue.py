@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from control_harness import cancel, fthsdp, replicas, write_spec  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
+from prolog_epilog import dev_health  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 from slurm.backend import CommandBackend  # noqa: E402
@@ -191,7 +192,7 @@ def one(whole_job: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
         work = Path(tmp)
         base = devcluster.free_port_block(6, start=24000 + (os.getpid() % 100) * 10)
-        cfg = devcluster.with_health(
+        cfg = dev_health.with_health(
             devcluster.DevClusterConfig(
                 directory=work / "cluster", ctld_port=base, slurmd_base_port=base + 1
             )

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_spares_full_cluster import _run  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
+from prolog_epilog import dev_health  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
@@ -92,7 +93,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="fthsdp-bench-spares-") as tmp:
         base = devcluster.free_port_block(6, start=25000 + (os.getpid() % 100) * 10)
-        cfg = devcluster.with_health(
+        cfg = dev_health.with_health(
             devcluster.DevClusterConfig(
                 directory=Path(tmp) / "cluster", ctld_port=base, slurmd_base_port=base + 1
             )

@@ -39,6 +39,7 @@ from rich.live import Live  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
+from prolog_epilog import dev_health  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
 CLUSTER_DIR = REPO / ".devcluster"
@@ -77,7 +78,7 @@ def start_cluster() -> devcluster.DevClusterConfig:
             console.print("stopping a dev cluster left over in .devcluster/")
             devcluster.down(old)
     base = devcluster.free_port_block(5, start=16817)
-    cfg = devcluster.with_health(
+    cfg = dev_health.with_health(
         devcluster.DevClusterConfig(
             directory=CLUSTER_DIR, nodes=4, ctld_port=base, slurmd_base_port=base + 1
         )
@@ -189,7 +190,7 @@ def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
                 r["state"] == "training" and (r["step"] or 0) >= INJECT_AT_STEP for r in reps
             ):
                 node = reps[VICTIM]["nodes"][0]
-                inject(devcluster.hardware_dir(cfg), node, "xid79", cfg.gpus_per_node)
+                inject(dev_health.hardware_dir(cfg), node, "xid79", cfg.gpus_per_node)
                 t_fault = time.time()
                 live.console.print(
                     f"[red]injected Xid 79 into {node}[/] (replica {VICTIM}, step "

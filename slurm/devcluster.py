@@ -20,7 +20,10 @@ alone: the default is under /var/lib (not a world-writable temp folder a local u
 first), and a directory not owned by root, or writable by group or others, is refused.
 
 The configuration is written by pure functions (`slurm_conf`, `gres_conf`, `topology_conf`) so it
-can be read and tested without starting anything.
+can be read and tested without starting anything. Slurm's hooks (Prolog, Epilog,
+HealthCheckProgram, TaskProlog) come in as paths, and anything else the nodes need (simulated
+hardware) from the config's `node_setup`: this module knows nothing of the health checks
+(`prolog_epilog.dev_health` supplies them).
 """
 
 from __future__ import annotations
@@ -30,15 +33,13 @@ import functools
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -53,6 +54,8 @@ DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/lib/fthsdp/devclus
 RESTARTS_ON_RECONFIGURE = (23, 11)
 #: How long a reconfigure may take to bring the restarted daemons back (a loaded test machine).
 RECONFIGURE_TIMEOUT_S = 90
+#: Writes what the nodes need besides Slurm's files (see `DevClusterConfig.node_setup`).
+NodeSetup = Callable[["DevClusterConfig", bool], None]
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,14 @@ class DevClusterConfig:
     health_check_interval: int = 0
     prolog_epilog_timeout: int = 60
     task_prolog: str | None = None
-    #: Simulated hardware + health gating (`with_health`): node inputs under `hardware/`.
+    #: Simulated hardware + health gating (`prolog_epilog.dev_health.with_health`): node inputs
+    #: under `hardware/`, written by `node_setup`.
     health: bool = False
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: Writes the nodes' inputs beside the config files (`write_files`): each node's simulated
+    #: hardware and the health hooks' scripts, supplied with `health` by the layer that owns
+    #: them. Called with this config and `fresh` (True on `up`). Not saved in cluster.json.
+    node_setup: NodeSetup | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "switch_size", "cpus_per_node", "memory_mb"):
@@ -130,6 +138,7 @@ class DevClusterConfig:
         data = asdict(self)
         data["directory"] = str(self.directory)
         data["extra_env"] = dict(self.extra_env)
+        del data["node_setup"]
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -452,7 +461,8 @@ def preflight(cfg: DevClusterConfig) -> None:
 
 def write_files(cfg: DevClusterConfig, fresh_hardware: bool = False) -> None:
     """Write configs, the munge key, placeholder GPU files and the directories daemons need
-    (and, with `cfg.health`, the simulated hardware and health wrappers: `write_health_files`)."""
+    (and, with `cfg.health`, what `cfg.node_setup` writes: the simulated hardware and the
+    health hooks' scripts)."""
     d = cfg.directory
     for sub in ("etc", "state", "run", "log", "dev", "spool", "munge", "munge-key"):
         (d / sub).mkdir(parents=True, exist_ok=True)
@@ -470,118 +480,13 @@ def write_files(cfg: DevClusterConfig, fresh_hardware: bool = False) -> None:
     (d / "etc" / "slurm.conf").write_text(slurm_conf(cfg))
     (d / "etc" / "gres.conf").write_text(gres_conf(cfg))
     (d / "etc" / "topology.conf").write_text(topology_conf(cfg))
-    if cfg.health:
-        write_health_files(cfg, fresh=fresh_hardware)
+    if cfg.node_setup is not None:
+        cfg.node_setup(cfg, fresh_hardware)
+    elif cfg.health:
+        raise InputError(
+            "health", True, "needs the node_setup that writes the nodes' simulated hardware"
+        )
     (d / CONFIG_FILE).write_text(cfg.to_json())
-
-
-# ---------------------------------------------------------------------------------------------
-# Simulated hardware and health gating
-
-HARDWARE_DIR = "hardware"
-HEALTH_CONFIG = "health.toml"
-WRAPPER_DIR = "bin"
-HEALTHCHECK_INTERVAL_S = 30
-REPO = Path(__file__).resolve().parent.parent
-
-
-def hardware_dir(cfg: DevClusterConfig) -> Path:
-    """Where each node's simulated hardware lives: `DIR/hardware/<node>/...`."""
-    return cfg.directory / HARDWARE_DIR
-
-
-def health_config_path(cfg: DevClusterConfig) -> Path:
-    return hardware_dir(cfg) / HEALTH_CONFIG
-
-
-def job_health_env(cfg: DevClusterConfig) -> dict[str, str]:
-    """What a job's ranks need to read their node's simulated hardware (watchdog, slow fault).
-
-    The cluster's TaskProlog exports these into every task that does not set them itself, so a
-    spec needs no dev-cluster paths; a spec may still set them in `[job].env`.
-    """
-    hw = hardware_dir(cfg)
-    return {
-        "FTHSDP_HEALTH_CONFIG": str(health_config_path(cfg)),
-        "FTHSDP_SLOW_FILE": f"{hw}/{{node}}/slow",
-    }
-
-
-def entrypoint_wrapper(path: Path, mode: str, config: Path, conf: Path) -> str:
-    """A shell script slurmd can run as Prolog/Epilog/HealthCheckProgram: it runs this checkout's
-    `prolog_epilog.entrypoints MODE --config CONFIG` with absolute paths (slurmd runs it as root
-    in its own, nearly empty environment). Returns the script's path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "#!/bin/sh\n"
-        f"export SLURM_CONF={shlex.quote(str(conf))}\n"
-        f"export PYTHONPATH={shlex.quote(str(REPO))}\n"
-        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-        f"exec {shlex.quote(sys.executable)} -m prolog_epilog.entrypoints {mode} "
-        f"--config {shlex.quote(str(config))}\n"
-    )
-    path.chmod(0o755)
-    return str(path)
-
-
-def task_prolog_script(path: Path, env: Mapping[str, str]) -> str:
-    """A TaskProlog that exports `env` into each task (slurmd reads `export K=V` lines from its
-    output), leaving alone any variable the job already set."""
-    lines = ["#!/bin/sh", "# Written by fthsdp cluster up --health: dev-cluster inputs for tasks."]
-    for key, value in env.items():
-        lines.append(f'[ -n "${{{key}:-}}" ] || echo {shlex.quote(f"export {key}={value}")}')
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # slurmd runs the TaskProlog as the job's user, any user's: its folder must let them in
-    # whatever umask created it.
-    path.parent.chmod(0o755)
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-def health_settings(
-    cfg: DevClusterConfig, interval: int = HEALTHCHECK_INTERVAL_S
-) -> dict[str, object]:
-    """The settings that turn on simulated hardware and the project's Prolog (PrologFlags=Alloc),
-    Epilog, HealthCheckProgram and TaskProlog (files are written by `write_files`); for
-    `reconfigure(cfg, **health_settings(cfg))` on a running cluster."""
-    bin_dir = cfg.directory / WRAPPER_DIR
-    return {
-        "health": True,
-        "prolog": str(bin_dir / "fthsdp-prolog"),
-        "epilog": str(bin_dir / "fthsdp-epilog"),
-        "health_check_program": str(bin_dir / "fthsdp-healthcheck"),
-        "health_check_interval": cfg.health_check_interval or interval,
-        "task_prolog": str(bin_dir / "fthsdp-task-prolog"),
-    }
-
-
-def with_health(cfg: DevClusterConfig, interval: int = HEALTHCHECK_INTERVAL_S) -> DevClusterConfig:
-    """`cfg` with `health_settings` applied (what `fthsdp cluster up --health` starts)."""
-    return replace(cfg, **health_settings(cfg, interval))  # type: ignore[arg-type]
-
-
-def write_health_files(cfg: DevClusterConfig, fresh: bool = False) -> None:
-    """Healthy simulated hardware for every node (only for nodes that have none unless `fresh`:
-    a reconfigure must not heal injected faults), the `{node}` health config and the wrappers."""
-    from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
-
-    hw = hardware_dir(cfg)
-    for node in cfg.node_names:
-        if fresh or not (hw / node / "bin" / "nvidia-smi").exists():
-            write_node_inputs(hw, node, gpus=cfg.gpus_per_node)
-            if fresh:
-                (hw / node / "slow").unlink(missing_ok=True)
-                (hw / node / "faults.json").unlink(missing_ok=True)
-    config = health_config_path(cfg)
-    config.write_text(
-        dev_config_toml(hw, total_budget_s=10.0)
-        + f"\n[checks.gpu-count]\nexpected = {cfg.gpus_per_node}\n"
-    )
-    bin_dir = cfg.directory / WRAPPER_DIR
-    for mode in ("prolog", "epilog", "healthcheck"):
-        entrypoint_wrapper(bin_dir / f"fthsdp-{mode}", mode, config, cfg.conf_path)
-    task_prolog_script(bin_dir / "fthsdp-task-prolog", job_health_env(cfg))
 
 
 def _run(

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from prolog_epilog import dev_health
 from runtime.control.report import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
@@ -275,7 +276,7 @@ def write_spec(
 def health_gated(cfg: DevClusterConfig) -> Iterator[DevClusterConfig]:
     """The session cluster switched to simulated hardware + the project's Prolog/Epilog/
     HealthCheckProgram/TaskProlog for the block, and back afterwards."""
-    gated = devcluster.reconfigure(cfg, **devcluster.health_settings(cfg))
+    gated = devcluster.reconfigure(cfg, **dev_health.health_settings(cfg))
     try:
         yield gated
     finally:
@@ -316,7 +317,7 @@ def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: st
 
     cancel(env, run_dir)
     if node:
-        heal(devcluster.hardware_dir(cfg), node, cfg.gpus_per_node)
+        heal(dev_health.hardware_dir(cfg), node, cfg.gpus_per_node)
     backend = CommandBackend()
     try:
         for info in backend.nodes():

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from fthsdp_cli.main import cli
+from prolog_epilog import dev_health
 from runtime.control.inject import is_replica_task, node_faults
 from slurm import devcluster
 
@@ -56,7 +57,7 @@ def test_replica_task_is_matched_by_cluster_and_node(
 def _saved_cluster(directory: Path, health: bool) -> devcluster.DevClusterConfig:
     cfg = devcluster.DevClusterConfig(directory=directory, nodes=2, gpus_per_node=4)
     if health:
-        cfg = devcluster.with_health(cfg)
+        cfg = dev_health.with_health(cfg)
     directory.chmod(0o700)
     (directory / devcluster.CONFIG_FILE).write_text(cfg.to_json())
     return cfg
@@ -93,7 +94,7 @@ def test_inject_takes_the_gpu_count_from_the_cluster(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["cluster", "inject", "node2", "--fault", "xid79", *args])
     assert r.exit_code == 0, r.output
     assert "xid79" in r.output
-    hardware = devcluster.hardware_dir(cfg)
+    hardware = dev_health.hardware_dir(cfg)
     assert node_faults(hardware, "node2") == ["xid79"]
     # GPU 3 of 4 fell off the bus: three left (eight GPUs would leave seven)
     assert _gpu_rows(hardware / "node2") == 3

@@ -2,7 +2,7 @@
 
 3 replicas (one node each, 8 GRES GPUs, one CPU rank running `examples/train_tiny.py`) + the
 control job + one spare node, on the session cluster switched to health gating
-(`slurm.devcluster.health_settings`: simulated hardware, the project's Prolog/Epilog/
+(`prolog_epilog.dev_health.health_settings`: simulated hardware, the project's Prolog/Epilog/
 HealthCheckProgram, and a TaskProlog that points the ranks' watchdog at their node's hardware).
 An Xid 79 injected into replica 1's node is seen by that replica's watchdog; the coordinator
 drains the node with an `fthsdp:` reason and requeues replica 1's job exactly once; the job

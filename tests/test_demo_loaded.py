@@ -25,9 +25,9 @@ from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until
 from cpu_load import cpu_burners
 from test_control_e2e import requeues_in_journal
 
+from prolog_epilog import dev_health
 from runtime.control.inject import inject
 from runtime.control.journal import Journal
-from slurm import devcluster
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 from slurm.run_dir import read_run
@@ -95,7 +95,7 @@ def _story(gated: DevClusterConfig, tmp_path: Path) -> None:
         )
         jobs = {k: r["job_id"] for k, r in before.items()}
         victim = before[1]["nodes"][0]
-        inject(devcluster.hardware_dir(gated), victim, "xid79", gated.gpus_per_node)
+        inject(dev_health.hardware_dir(gated), victim, "xid79", gated.gpus_per_node)
         final = wait_until(
             env,
             run_dir,

@@ -13,6 +13,7 @@ from pathlib import Path
 import hostlist
 import pytest
 
+from prolog_epilog import dev_health
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
 from slurm.errors import InputError
@@ -77,7 +78,7 @@ def test_slurm_conf_has_fast_failure_settings_and_gres() -> None:
 
 
 def test_health_settings_install_gating_and_task_env(tmp_path: Path) -> None:
-    cfg = devcluster.with_health(DevClusterConfig(directory=tmp_path, nodes=2, gpus_per_node=4))
+    cfg = dev_health.with_health(DevClusterConfig(directory=tmp_path, nodes=2, gpus_per_node=4))
     devcluster.write_files(cfg, fresh_hardware=True)
     conf = devcluster.slurm_conf(cfg).splitlines()
     bin_dir = tmp_path / "bin"

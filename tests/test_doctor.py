@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from prolog_epilog import dev_health
 from slurm import devcluster
 from slurm.doctor import (
     Finding,
@@ -460,7 +461,7 @@ def _cluster(directory: Path, health: bool, **fields: object) -> devcluster.DevC
     cfg = devcluster.DevClusterConfig(
         directory=directory, nodes=2, ctld_port=base, slurmd_base_port=base + 1, **fields
     )
-    return devcluster.with_health(cfg) if health else cfg
+    return dev_health.with_health(cfg) if health else cfg
 
 
 def _json(r: subprocess.CompletedProcess[str]) -> Any:

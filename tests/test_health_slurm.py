@@ -2,9 +2,9 @@
 
 The dev cluster's slurmds all run on this host, so each node gets its own simulated hardware
 (`simulated_hardware.write_node_inputs`) and one config with `{node}` paths. The Prolog and
-HealthCheckProgram are `slurm.devcluster.entrypoint_wrapper` scripts with absolute paths, since
-slurmd runs them as root in its own environment. The cluster is shared by the test session: the
-fixture restores the original slurm.conf and resumes every node it touched.
+HealthCheckProgram are `prolog_epilog.dev_health.entrypoint_wrapper` scripts with absolute
+paths, since slurmd runs them as root in its own environment. The cluster is shared by the test
+session: the fixture restores the original slurm.conf and resumes every node it touched.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from prolog_epilog import dev_health
 from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
 from slurm import devcluster
 from slurm.backend import CommandBackend
@@ -41,7 +42,7 @@ class HealthCluster:
 
 
 def _wrapper(path: Path, mode: str, config: Path, conf: Path) -> str:
-    return devcluster.entrypoint_wrapper(path, mode, config, conf)
+    return dev_health.entrypoint_wrapper(path, mode, config, conf)
 
 
 def _scontrol(*args: str) -> str:

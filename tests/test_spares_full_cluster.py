@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from control_harness import ROOT, SPEC, clean_up, fthsdp, health_gated
 
-from slurm import devcluster
+from prolog_epilog import dev_health
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
@@ -291,7 +291,7 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
         if also_drained:  # healed before clean_up resumes it, or a health check drains it again
             from runtime.control.inject import heal
 
-            heal(devcluster.hardware_dir(cfg), also_drained, cfg.gpus_per_node)
+            heal(dev_health.hardware_dir(cfg), also_drained, cfg.gpus_per_node)
         clean_up(env, run_dir, cfg, drained)
     return out
 

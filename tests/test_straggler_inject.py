@@ -44,9 +44,10 @@ def test_bad_faults_are_refused(tmp_path: Path, fault: str) -> None:
 
 
 def test_cli_inject_slow_and_refusal(tmp_path: Path) -> None:
+    from prolog_epilog import dev_health
     from slurm import devcluster
 
-    cfg = devcluster.with_health(devcluster.DevClusterConfig(directory=tmp_path, nodes=2))
+    cfg = dev_health.with_health(devcluster.DevClusterConfig(directory=tmp_path, nodes=2))
     (tmp_path / devcluster.CONFIG_FILE).write_text(cfg.to_json())
     runner = CliRunner()
     args = ["cluster", "inject", "--dir", str(tmp_path), "--hardware-root", str(tmp_path / "hw")]

@@ -77,6 +77,8 @@ def up(
     hold_on_prolog_fail: bool,
 ) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until all nodes are idle."""
+    from prolog_epilog import dev_health
+
     cfg = devcluster.DevClusterConfig(
         directory=directory.resolve(),
         nodes=nodes,
@@ -94,18 +96,18 @@ def up(
     if health:
         if prolog or epilog or healthcheck:
             raise InputError("--health", "with --prolog/--epilog/--healthcheck", "one or the other")
-        cfg = devcluster.with_health(cfg)
+        cfg = dev_health.with_health(cfg)
     err = Console(stderr=True)
     with err.status(f"starting {nodes}-node dev cluster in {cfg.directory}"):
         devcluster.up(cfg)
     err.print(f"[green]dev cluster up[/]: {nodes} nodes, {len(cfg.switches)} leaf switches")
     if health:
         err.print(
-            f"simulated hardware in {devcluster.hardware_dir(cfg)}; Prolog, Epilog and "
+            f"simulated hardware in {dev_health.hardware_dir(cfg)}; Prolog, Epilog and "
             "HealthCheckProgram gate nodes on it; break one with 'fthsdp cluster inject NODE "
             "--fault xid79'. Jobs' tasks get these (TaskProlog; a spec's [job].env may set them):"
         )
-        for key, value in devcluster.job_health_env(cfg).items():
+        for key, value in dev_health.job_health_env(cfg).items():
             click.echo(f"  {key}={value}", err=True)  # unwrapped: meant to be copied
     click.echo(f"export SLURM_CONF={cfg.conf_path}")
 
