@@ -16,6 +16,7 @@ import pytest
 from prolog_epilog import dev_health
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
+from slurm.devcluster.daemons import pid_files, read_pid
 from slurm.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -399,8 +400,8 @@ def test_reconfigure_follows_restarted_daemons_and_down_leaves_nothing(tmp_path:
         cfg = devcluster.reconfigure(cfg, prolog_epilog_timeout=61)
         after = devcluster.live_daemons(cfg)
         assert set(after) == set(before)
-        for name, path in devcluster._pid_files(cfg).items():
-            assert devcluster._read_pid(path) == after[name], name
+        for name, path in pid_files(cfg).items():
+            assert read_pid(path) == after[name], name
         if devcluster.slurm_release() >= devcluster.RESTARTS_ON_RECONFIGURE:
             assert after["slurmctld"] != before["slurmctld"]
             assert after["slurmd node1"] != before["slurmd node1"]
@@ -418,7 +419,7 @@ def test_reconfigure_follows_restarted_daemons_and_down_leaves_nothing(tmp_path:
         assert r.returncode == 0
         # A daemon that exits after its successor started deletes the pid file (24.11): down
         # must not depend on pid files.
-        for path in devcluster._pid_files(cfg).values():
+        for path in pid_files(cfg).values():
             path.unlink(missing_ok=True)
         devcluster.down(cfg)
         assert _processes_of(cfg) == []

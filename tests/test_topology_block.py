@@ -20,6 +20,7 @@ import hostlist
 import pytest
 
 from slurm import devcluster
+from slurm.devcluster.daemons import binary
 from slurm.doctor import BLOCK_SINCE
 from slurm.errors import InputError
 from slurm.records import SlurmVersion
@@ -95,7 +96,7 @@ def test_segment_is_rendered_only_for_block(
 
 def _slurm_version() -> SlurmVersion:
     out = subprocess.run(
-        [devcluster._binary("slurmd"), "-V"], capture_output=True, text=True, timeout=30, check=True
+        [binary("slurmd"), "-V"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
     return parse_version(out)
 
