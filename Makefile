@@ -27,7 +27,7 @@ slurm-deps:
 	else echo "not root: skipping slurm-wlm/munge install (Slurm tests will be skipped)"; fi
 
 # The Slurm release matrix (22.05 bookworm, 24.11 trixie, 26.05 sid): every release but the host's
-# runs in a cached chroot of the Debian suite that ships it (slurm/release_chroot.py, built on first
+# runs in a cached chroot of the Debian suite that ships it (slurm/release_chroot/, built on first
 # use under /var/cache/fthsdp/chroots). As root only, like slurm-deps.
 RELEASES = $(BIN)/python -m slurm.release_chroot
 VERSION ?=
