@@ -108,7 +108,7 @@ from runtime.control.spares import SpareManager
 from runtime.control.spares import carry_out as spares_carry_out
 from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
 
@@ -311,7 +311,7 @@ class Coordinator:
     ) -> None:
         self.config = config
         self.secret = ensure_secret(config.run_dir)
-        self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
+        self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()

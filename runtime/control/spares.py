@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
@@ -530,7 +530,7 @@ def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: floa
     started = time.monotonic()
     next_control = started
     control_id = _control_job(run_dir)
-    backend = CommandBackend(retries=1, timeout=20.0)
+    backend = make_backend(retries=1, timeout=20.0)
     while True:
         try:
             pool = read_pool(run_dir)

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import hostlist
 
 from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
+from slurm.backend import SlurmBackend, SlurmCommandError, SlurmOutputError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config = config
-        self.backend = backend or CommandBackend()
+        self.backend = backend or make_backend()
         self.sleep = sleep
         self.launch = 0
         self.child: subprocess.Popen[bytes] | None = None
