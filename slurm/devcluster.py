@@ -42,8 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import hostlist
-
+from slurm import hostlist
 from slurm.errors import EnvironmentProblem, InputError
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "squeue")
@@ -187,7 +186,7 @@ def make_directory(directory: Path) -> None:
 
 
 def _hl(names: list[str]) -> str:
-    return str(hostlist.collect_hostlist(names))
+    return hostlist.compress(names)
 
 
 def slurm_conf(cfg: DevClusterConfig) -> str:

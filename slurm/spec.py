@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-import hostlist
-
+from slurm import hostlist
 from slurm.errors import InputError
 
 #: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
@@ -119,10 +118,7 @@ def _hostlist(where: str, value: str | None) -> None:
         return
     if not HOSTLIST.fullmatch(value):
         raise InputError(where, value, "a Slurm hostlist such as node[1-4],gpu7")
-    try:
-        hostlist.expand_hostlist(value)
-    except hostlist.BadHostlist as exc:
-        raise InputError(where, value, f"a valid hostlist ({exc})") from None
+    hostlist.expand(value, where)
 
 
 def _constraint(where: str, value: str) -> None:

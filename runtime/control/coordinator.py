@@ -50,7 +50,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import hostlist
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -110,6 +109,7 @@ from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.hostlist import job_nodes
 from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -463,7 +463,7 @@ class Coordinator:
             self.allocations.pop(job_id, None)
             return None
         # Slurm's order: the straggler monitor maps ranks to nodes by it.
-        nodes = tuple(dict.fromkeys(n for i in found for n in _expand(i.nodes)))
+        nodes = tuple(dict.fromkeys(n for i in found for n in job_nodes(i.nodes)))
         self.allocations[job_id] = nodes
         return nodes
 
@@ -645,17 +645,10 @@ def _same(a: RunState, b: RunState) -> bool:
     return a.drained == b.drained and a.replicas == b.replicas
 
 
-def _expand(nodes: str) -> list[str]:
-    """Slurm's hostlist of a job; empty for a pending job (`""`, `"(null)"`, `"None assigned"`)."""
-    if not nodes or nodes.startswith("(") or " " in nodes:
-        return []
-    return list(hostlist.expand_hostlist(nodes))
-
-
 @functools.lru_cache(maxsize=4096)
 def _expand_once(nodes: str) -> tuple[str, ...]:
-    """`_expand`, remembered: every poll sees the same hostlists again."""
-    return tuple(_expand(nodes))
+    """`job_nodes`, remembered: every poll sees the same hostlists again."""
+    return tuple(job_nodes(nodes))
 
 
 def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.hostlist import job_nodes
 from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
 if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
@@ -324,7 +325,7 @@ class SpareManager:
             return {}
         infos = [i for i in self.backend.jobs(ids) if i.het_offset == 0]
         found = {i.base_id: i for i in infos if i.base_id in ids}
-        nodes_of = {j: _expand(i.nodes) for j, i in found.items()}
+        nodes_of = {j: job_nodes(i.nodes) for j, i in found.items()}
         wanted = sorted({n for ns in nodes_of.values() for n in ns})
         listed = self.backend.nodes(wanted) if wanted else []
         bad = {n.name for n in listed if _bad(n.flags, n.state)}
@@ -412,14 +413,6 @@ def _empty_reason(pool: Pool, views: Mapping[str, SlotView]) -> str:
         f"{','.join(st.lower() for st in states) or 'none'}): plain requeue, the replica waits "
         "for the scheduler"
     )
-
-
-def _expand(nodes: str) -> list[str]:
-    import hostlist
-
-    if not nodes or nodes.startswith("(") or " " in nodes:
-        return []
-    return list(hostlist.expand_hostlist(nodes))
 
 
 # -- coordinator hooks (called from runtime.control.coordinator) -------------------------------

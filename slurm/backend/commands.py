@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-import hostlist
-
-from slurm import slurm_json
+from slurm import hostlist, slurm_json
 from slurm.errors import InputError
 from slurm.records import (
     DRAIN_PREFIX,
@@ -190,14 +188,14 @@ class CommandBackend:
         current: set[str] = set()
         for job in self.jobs([job_id]):
             if job.job_id == job_id and job.excluded:
-                current.update(hostlist.expand_hostlist(job.excluded))
+                current.update(hostlist.expand(job.excluded, "ExcNodeList"))
         wanted = sorted(current | set(nodes))
         self._run(
             [
                 "scontrol",
                 "update",
                 f"JobId={job_id}",
-                f"ExcNodeList={hostlist.collect_hostlist(wanted)}",
+                f"ExcNodeList={hostlist.compress(wanted)}",
             ]
         )
 
