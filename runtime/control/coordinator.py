@@ -110,6 +110,7 @@ from runtime.control.straggler import EvictionConfig, StragglerConfig, Straggler
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.hostlist import job_nodes
+from slurm.records import lead_record
 from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -586,10 +587,10 @@ class Coordinator:
             ok = b.drain(action.node, action.reason)
             return ("done", "drained") if ok else ("skipped", "drained by someone else")
         if isinstance(action, Requeue):
-            current = _lead(b, action.job_id)
-            if current and current[0].restarts > action.restarts:
-                return ("skipped", f"already requeued (restart count {current[0].restarts})")
-            if current and current[0].state.upper() == "PENDING":
+            current = lead_record(b.jobs([action.job_id]), action.job_id)
+            if current and current.restarts > action.restarts:
+                return ("skipped", f"already requeued (restart count {current.restarts})")
+            if current and current.state.upper() == "PENDING":
                 return ("skipped", "job is pending, nothing to requeue")
             b.requeue(action.job_id)
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
@@ -649,11 +650,6 @@ def _same(a: RunState, b: RunState) -> bool:
 def _expand_once(nodes: str) -> tuple[str, ...]:
     """`job_nodes`, remembered: every poll sees the same hostlists again."""
     return tuple(job_nodes(nodes))
-
-
-def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
-    """The squeue record of a job (its het component 0), as a list of at most one."""
-    return [j for j in backend.jobs([job_id]) if j.base_id == job_id and j.het_offset == 0][:1]
 
 
 # -- HTTP ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.hostlist import job_nodes
+from slurm.records import lead_record
 from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
 if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
@@ -594,10 +595,10 @@ def _control_job(run_dir: Path) -> str | None:
 
 def _ended(backend: SlurmBackend, job_id: str) -> bool:
     try:
-        found = [i for i in backend.jobs([job_id]) if i.base_id == job_id and i.het_offset == 0]
+        found = lead_record(backend.jobs([job_id]), job_id)
     except (SlurmCommandError, EnvironmentProblem):
         return False  # unknown is not ended
-    return not found or found[0].state.upper() not in _LIVE
+    return found is None or found.state.upper() not in _LIVE
 
 
 def main(argv: list[str] | None = None) -> int:
