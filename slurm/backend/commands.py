@@ -130,20 +130,6 @@ class CommandBackend:
         out = self._run(["sbatch", "--parsable", *args, str(script)], retry=False)
         return out.strip().split(";")[0].split("+")[0]
 
-    def test_only(self, script: Path, args: Sequence[str] = ()) -> str:
-        """`sbatch --test-only`: Slurm validates the script and says where it would run."""
-        r = subprocess.run(
-            ["sbatch", "--test-only", *args, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-            env=self.env,
-            check=False,
-        )
-        if r.returncode != 0:
-            raise SlurmCommandError(["sbatch", "--test-only", str(script)], r.returncode, r.stderr)
-        return r.stderr.strip() or r.stdout.strip()
-
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
 
