@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from runtime.sim.analytic import cluster_mtbf_hours, power_law_interpolate, young_daly_interval_s
-from runtime.sim.params import PRESETS
+from runtime.sim.params import PRESETS, power_law_interpolate
+from runtime.sim.reliability import cluster_mtbf_hours, young_daly_interval_s
 from slurm.errors import InputError
 
 

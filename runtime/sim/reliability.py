@@ -33,20 +33,3 @@ def young_daly_interval_s(write_s: float, mtbf_s: float) -> float:
     if not mtbf_s > 0:
         raise InputError("mtbf_s", mtbf_s, "must be > 0")
     return math.sqrt(2.0 * write_s * mtbf_s)
-
-
-def power_law_interpolate(
-    n: float, anchors: tuple[tuple[float, float], tuple[float, float]]
-) -> float:
-    """Interpolate (and extrapolate) a cost through two (size, seconds) anchors on a log-log line.
-
-    NCCL initialisation grows faster than linearly with the number of ranks (17 s at 16K GPUs,
-    200 s at 98K in the paper). A straight line through those two points goes negative below
-    ~14K GPUs, which a replica of 8K GPUs would hit; a power law stays positive and passes
-    through both anchors exactly.
-    """
-    (n0, s0), (n1, s1) = anchors
-    if n <= 0:
-        raise InputError("gpus", n, "must be > 0")
-    exponent = math.log(s1 / s0) / math.log(n1 / n0)
-    return s0 * (n / n0) ** exponent
