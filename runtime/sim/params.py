@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.sim.control import MEASURED_REPORT_COST_S, ControlLoad, control_load
-from runtime.sim.reliability import young_daly_interval_s
+from runtime.sim.reliability import mtbf_from_rate_s, young_daly_interval_s
 from slurm.errors import InputError
 
 SECONDS_PER_DAY = 86_400.0
@@ -122,8 +122,7 @@ class SimParams:
 
     @property
     def job_mtbf_s(self) -> float:
-        rate = self.failure_rate_per_s
-        return math.inf if rate == 0 else 1.0 / rate
+        return mtbf_from_rate_s(self.failure_rate_per_s)
 
     @property
     def first_step_excess_s(self) -> float:
@@ -177,7 +176,7 @@ class SimParams:
         loss_rate = node_rate * rho ** (self.replicas - 1) + rack_rate * rho ** (
             self.replicas - span
         )
-        return math.inf if loss_rate == 0 else 1.0 / loss_rate
+        return mtbf_from_rate_s(loss_rate)
 
     def checkpoint_interval_for(self, replicas: int) -> float:
         """The training time between checkpoints: given, or Young/Daly for this mode's MTBF."""
