@@ -66,8 +66,8 @@ from runtime.control.journal import (
     Journal,
     JournalUnavailable,
     StoredAction,
+    transient,
 )
-from runtime.control.journal import transient as transient_event
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
@@ -180,7 +180,7 @@ def straggler_config(
 
 
 #: Failures worth retrying: Slurm busy or restarting, a command that timed out.
-_TRANSIENT = (
+_RETRYABLE = (
     "Unable to contact",
     "Socket timed out",
     "Connection refused",
@@ -189,8 +189,8 @@ _TRANSIENT = (
 )
 
 
-def transient(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _TRANSIENT)
+def retryable(exc: SlurmCommandError) -> bool:
+    return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
 
 
 #: Policy phases of a replica that will not train again in this run.
@@ -291,7 +291,7 @@ def ensure_secret(run_dir: Path) -> bytes:
     return read_secret(path)
 
 
-def node_address() -> str:
+def own_address() -> str:
     """This node's own address (what the replicas reach), never the wildcard address."""
     name = socket.gethostname()
     try:
@@ -371,7 +371,7 @@ class Coordinator:
                 return True
             try:
                 seq, stored, committed = writer.record(
-                    event, actions, nonce, durable=not transient_event(event, actions)
+                    event, actions, nonce, durable=not transient(event, actions)
                 )
             except KeyError:
                 return False
@@ -566,7 +566,7 @@ class Coordinator:
                     log.error("giving up on %s: %s", action, exc)
                     break
                 except SlurmCommandError as exc:
-                    if attempt + 1 >= self.config.action_retries or not transient(exc):
+                    if attempt + 1 >= self.config.action_retries or not retryable(exc):
                         await self.attempt(stored.id, "failed", str(exc))
                         log.error("giving up on %s: %s", action, exc)
                         break

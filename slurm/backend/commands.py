@@ -78,7 +78,7 @@ class CommandBackend:
                 if r.returncode == 0:
                     return r.stdout
                 last = SlurmCommandError(argv, r.returncode, r.stderr or r.stdout)
-                if not _transient(last.stderr):
+                if not _retryable(last.stderr):
                     raise last
             if attempt + 1 < attempts:
                 delay = self.backoff * (2**attempt)
@@ -317,7 +317,7 @@ def _check_our_reason(reason: object) -> None:
         raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
 
 
-_TRANSIENT = (
+_RETRYABLE = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -327,8 +327,8 @@ _TRANSIENT = (
 )
 
 
-def _transient(stderr: str) -> bool:
-    return any(t in stderr for t in _TRANSIENT)
+def _retryable(stderr: str) -> bool:
+    return any(t in stderr for t in _RETRYABLE)
 
 
 def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> list[JobInfo]:
