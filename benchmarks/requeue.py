@@ -39,7 +39,7 @@ from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from prolog_epilog import dev_health  # noqa: E402
 from runtime.control.journal import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
-from slurm.backend import CommandBackend  # noqa: E402
+from slurm.backend import make_backend  # noqa: E402
 
 
 def _reports(run_dir: Path) -> list[tuple[float, dict[str, Any]]]:
@@ -86,7 +86,7 @@ def run_scenario(cfg: devcluster.DevClusterConfig, work: Path, whole_job: bool) 
     # Long enough never to finish during the measurement; cancelled at the end.
     spec, run_dir = write_spec(work, steps=100000, name="bench")
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
-    backend = CommandBackend()
+    backend = make_backend()
     fthsdp(env, "submit", str(spec))
     try:
         deadline = time.monotonic() + 240

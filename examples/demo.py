@@ -175,9 +175,9 @@ def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
     """Show the run live; inject the fault once every replica trains; return when it ends."""
     from fthsdp_cli.commands.status import _render, full_status
     from runtime.control.inject import inject
-    from slurm.backend import CommandBackend
+    from slurm.backend import make_backend
 
-    backend = CommandBackend(timeout=20)
+    backend = make_backend(timeout=20)
     t_fault = 0.0
     note = Text("waiting for every replica to train ...")
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -213,7 +213,7 @@ def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, 
     from runtime.control.journal import Journal
     from runtime.control.policy import Requeue
     from runtime.verdict import check_ledger, final_weights_agree
-    from slurm.backend import CommandBackend
+    from slurm.backend import make_backend
     from slurm.spec import load_spec
 
     target = load_spec(SPEC).train.steps
@@ -249,7 +249,7 @@ def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, 
     table.add_row("final weights agree", "yes" if weights else "NO")
     table.add_row("ledger (exactly-once data)", "ok" if ledger.ok else "; ".join(ledger.problems))
     console.print(table)
-    drained = [n for n in CommandBackend(timeout=20).nodes() if n.drained]
+    drained = [n for n in make_backend(timeout=20).nodes() if n.drained]
     console.print("sinfo -R:")
     console.print(f"{'REASON':<50} {'NODELIST'}", highlight=False)
     for n in drained:
@@ -260,12 +260,12 @@ def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, 
 def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
     if cfg is None:
         return
-    from slurm.backend import CommandBackend, SlurmCommandError
+    from slurm.backend import SlurmCommandError, make_backend
     from slurm.run_dir import read_run
     from slurm.submit import cancel_run
 
     try:
-        cancel_run(read_run(RUN_DIR), CommandBackend(timeout=20))
+        cancel_run(read_run(RUN_DIR), make_backend(timeout=20))
     except (SlurmCommandError, OSError, ValueError) as exc:
         console.print(f"(cancel: {exc})")
     stopped = devcluster.down(cfg)
@@ -285,14 +285,14 @@ def main() -> int:
     try:
         cfg = start_cluster()
         job_environment(cfg)
-        from slurm.backend import CommandBackend
+        from slurm.backend import make_backend
         from slurm.spec import load_spec
         from slurm.submit import submit_run
 
         if RUN_DIR.exists():
             shutil.rmtree(RUN_DIR)
         spec = load_spec(SPEC, [f"job.run_dir={RUN_DIR}"])
-        record = submit_run(spec, CommandBackend(timeout=20))
+        record = submit_run(spec, make_backend(timeout=20))
         ids = ", ".join(r.job_id for r in record.replicas)
         control = record.control.job_id if record.control else "-"
         console.print(f"submitted {SPEC.name}: control job {control}, replica jobs {ids}")

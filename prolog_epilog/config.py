@@ -121,11 +121,6 @@ class HealthConfig:
     def default_checks(self) -> list[str]:
         return list(self.general["checks"])
 
-    def with_overrides(self, **general: Any) -> HealthConfig:
-        table = dict(self.table)
-        table["general"] = _merge(table["general"], general, "general")
-        return HealthConfig(table, self.node, self.source)
-
 
 def validate(table: dict[str, Any]) -> None:
     g = table["general"]

@@ -179,9 +179,9 @@ def _run(
     from prolog_epilog.gpu_source import make_source
     from prolog_epilog.runner import run_checks
     from prolog_epilog.state import StateStore
-    from slurm.backend import CommandBackend, SlurmCommandError
+    from slurm.backend import SlurmCommandError, make_backend
 
-    backend = CommandBackend(timeout=float(cfg.actions["slurm_timeout_s"]), retries=2, backoff=0.5)
+    backend = make_backend(timeout=float(cfg.actions["slurm_timeout_s"]), retries=2, backoff=0.5)
     kind = gpu_source if gpu_source != "auto" else cfg.general["gpu_source"]
     source = make_source(kind, cfg.path("nvidia_smi"))
     names = (

@@ -10,15 +10,13 @@ quorum; the quorum then heals whoever is behind, so a lone restarted replica sti
 from its live peers and a cold restart resumes from disk with the cursor where it was.
 
 The interval is a trade-off: writing costs time, and failing loses the work since the last write.
-Young's first-order optimum is sqrt(2 * write_time * MTBF) and Daly's refinement subtracts the
-write time; each save logs that suggestion from the measured write time and the failure rate this
-replica has observed.
+Each save logs the Young/Daly interval (`runtime.sim.reliability`, the formula the simulator
+uses too) for the measured write time and the failure rate this replica has observed.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,21 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.env import WorkerEnv
+from runtime.sim.reliability import young_daly_interval_s
 
 if TYPE_CHECKING:
     from runtime.api import FTHSDP
 
 log = logging.getLogger("fthsdp.checkpoint")
 COMPLETE_MARKER = "COMPLETE"
-
-
-def young_daly_interval_s(write_s: float, mtbf_s: float) -> float:
-    """Daly's interval (Young's sqrt(2*delta*M) minus delta; M itself when delta >= 2M)."""
-    if write_s <= 0 or mtbf_s <= 0:
-        raise ValueError("write time and MTBF must be positive")
-    if write_s >= 2 * mtbf_s:
-        return mtbf_s
-    return math.sqrt(2 * write_s * mtbf_s) - write_s
 
 
 @dataclass(frozen=True)

@@ -196,11 +196,12 @@ def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str, int, tuple[str, 
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise EnvError("SLURM_STEP_NODELIST", None, "required under srun (or SLURM_JOB_NODELIST)")
-    import hostlist  # python-hostlist
+    from slurm import hostlist
+    from slurm.errors import InputError
 
     try:
-        nodes = tuple(hostlist.expand_hostlist(nodelist))
-    except hostlist.BadHostlist:
+        nodes = tuple(hostlist.expand(nodelist, "SLURM_STEP_NODELIST"))
+    except InputError:
         raise EnvError("SLURM_STEP_NODELIST", nodelist, "must be a Slurm hostlist") from None
     if job_id is None:
         raise EnvError("SLURM_JOB_ID", None, "required under srun (it fixes the rendezvous port)")

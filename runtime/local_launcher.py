@@ -112,7 +112,9 @@ class Failure:
 
 
 @dataclass
-class ReplicaState:
+class LocalReplica:
+    """One replica as the local launcher runs it: its processes, restarts and progress."""
+
     replica: int
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     incarnation: int = 0
@@ -182,12 +184,12 @@ class StoppedBySignal(Exception):
 
 class LocalLauncher:
     def __init__(
-        self, cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None
+        self, cfg: LaunchConfig, on_update: Callable[[list[LocalReplica]], None] | None = None
     ) -> None:
         self.cfg = cfg
         self.on_update = on_update
         self.rng = random.Random(cfg.seed)
-        self.replicas = [ReplicaState(r) for r in range(cfg.replicas)]
+        self.replicas = [LocalReplica(r) for r in range(cfg.replicas)]
         self.failures: list[Failure] = []
         self.lighthouse: Lighthouse | None = None
         self.lighthouse_addr = ""
@@ -262,7 +264,7 @@ class LocalLauncher:
         env.update(cfg.extra_env)
         return env
 
-    def _launch(self, rs: ReplicaState) -> None:
+    def _launch(self, rs: LocalReplica) -> None:
         port = free_port()
         rs.procs = []
         logs = self.cfg.run_dir / "logs"
@@ -284,7 +286,7 @@ class LocalLauncher:
         rs.state = "starting"
         rs.healing = False
 
-    def _kill(self, rs: ReplicaState) -> None:
+    def _kill(self, rs: LocalReplica) -> None:
         for p in rs.procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -293,7 +295,7 @@ class LocalLauncher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
 
-    def _slow_file(self, rs: ReplicaState) -> Path:
+    def _slow_file(self, rs: LocalReplica) -> Path:
         return self.cfg.run_dir / "slow" / f"r{rs.replica}"
 
     def _degrade(self) -> None:
@@ -322,7 +324,7 @@ class LocalLauncher:
             raise StoppedBySignal(signum)  # out of the Lighthouse's start wait
 
     # ---------------------------------------------------------------- progress
-    def _read_progress(self, rs: ReplicaState) -> None:
+    def _read_progress(self, rs: LocalReplica) -> None:
         path = self.cfg.run_dir / "progress" / f"r{rs.replica}.jsonl"
         if not path.exists():
             return
@@ -371,7 +373,7 @@ class LocalLauncher:
             )
         )
 
-    def _observe_timing(self, rs: ReplicaState, ev: dict[str, Any]) -> None:
+    def _observe_timing(self, rs: LocalReplica, ev: dict[str, Any]) -> None:
         from runtime.control.straggler import TimingSample
 
         compute = ev.get("compute_s")
@@ -406,7 +408,7 @@ class LocalLauncher:
                 self.failures[-1].detail = d.reason or d.why
 
     # ---------------------------------------------------------------- faults
-    def _healthy_others(self, victim: ReplicaState) -> bool:
+    def _healthy_others(self, victim: LocalReplica) -> bool:
         now = time.time()
         # The launcher's view of a replica lags its processes: one that just died on its own still
         # reads "training" until `_supervise` collects it, so ask the processes too.
@@ -419,7 +421,7 @@ class LocalLauncher:
             for o in self.replicas
         )
 
-    def _inject(self, rs: ReplicaState, kind: str) -> None:
+    def _inject(self, rs: LocalReplica, kind: str) -> None:
         self.failures.append(Failure(rs.replica, kind, rs.step, time.time()))
         self._kill(rs)
         rs.state = "dead"
@@ -450,7 +452,7 @@ class LocalLauncher:
                     self._inject(self.rng.choice(candidates), "chaos")
                     self._next_chaos = now + self.rng.expovariate(1 / cfg.chaos_mtbf_s)
 
-    def _supervise(self, rs: ReplicaState) -> None:
+    def _supervise(self, rs: LocalReplica) -> None:
         if rs.state in ("done", "out"):
             return
         codes = [p.poll() for p in rs.procs]
@@ -632,7 +634,7 @@ class LocalLauncher:
 
 
 def launch(
-    cfg: LaunchConfig, on_update: Callable[[list[ReplicaState]], None] | None = None
+    cfg: LaunchConfig, on_update: Callable[[list[LocalReplica]], None] | None = None
 ) -> RunSummary:
     return LocalLauncher(cfg, on_update).run()
 

@@ -101,10 +101,10 @@ def node_address(name: str, lookup: Callable[[str], str] | None = None) -> str:
 
 
 def _slurm_node_address(name: str) -> str:
-    from slurm.backend import CommandBackend, SlurmCommandError
+    from slurm.backend import SlurmCommandError, make_backend
 
     try:
-        return CommandBackend(timeout=20, retries=2).node(name).address
+        return make_backend(timeout=20, retries=2).node(name).address
     except (SlurmCommandError, OSError) as exc:
         raise RendezvousError(
             f"node {name} does not resolve and its address cannot be read from Slurm: {exc}"

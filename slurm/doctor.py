@@ -326,7 +326,7 @@ def check_partitions(spec: JobSpec, partitions: Mapping[str, Partition]) -> list
     return out
 
 
-def run_checks(
+def diagnose(
     cfg: SlurmConfig,
     spec: JobSpec | None = None,
     partitions: Mapping[str, Partition] | None = None,

@@ -15,7 +15,7 @@ what was unexpected.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from slurm.errors import InputError
@@ -128,6 +128,13 @@ class JobInfo:
     def base_id(self) -> str:
         """The id to act on: the het leader's id for a het component, else the job's own."""
         return self.het_job_id or self.job_id
+
+
+def lead_record(jobs: Iterable[JobInfo], job_id: str) -> JobInfo | None:
+    """The record that speaks for job `job_id` among `jobs`: the job's own, or component 0's for
+    a het job (squeue lists one record per component, each with the leader's id as `base_id`);
+    None when `jobs` holds none."""
+    return next((j for j in jobs if j.base_id == job_id and j.het_offset == 0), None)
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,7 @@ def test_jobs_keep_finished_ones(release: str) -> None:
 
 @pytest.fixture
 def unknown_slurm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ScriptedBackend]]:
-    """Every `CommandBackend` a caller makes answers nodes and jobs with an unknown shape."""
+    """Every backend a caller makes answers nodes and jobs with an unknown shape."""
     made: list[ScriptedBackend] = []
 
     def factory(*args: object, **kwargs: object) -> ScriptedBackend:
@@ -211,7 +211,7 @@ def unknown_slurm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ScriptedBack
         made.append(backend)
         return backend
 
-    monkeypatch.setattr("slurm.backend.CommandBackend", factory)
+    monkeypatch.setattr("slurm.backend.make_backend", factory)
     yield made
     assert all(b.actions == [] for b in made), [b.actions for b in made]
 
@@ -364,7 +364,7 @@ def test_status_command_says_drained_unknown_on_stderr(
 
     monkeypatch.delenv("SLURM_CONF", raising=False)
     monkeypatch.setattr(
-        "slurm.backend.default_backend", lambda **_: ScriptedBackend("24.11", nodes=UNKNOWN)
+        "slurm.backend.make_backend", lambda **_: ScriptedBackend("24.11", nodes=UNKNOWN)
     )
     result = CliRunner().invoke(status, [str(_run_dir(tmp_path)), "--json"])
     assert result.exit_code == 0, result.output + result.stderr

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm.backend import WAIT_NOTICE_AFTER_S, CommandBackend, SlurmCommandError
+from slurm.backend import CommandBackend, SlurmCommandError
+from slurm.backend.commands import WAIT_NOTICE_AFTER_S
 
 
 def _script(tmp_path: Path, name: str, body: str) -> str:

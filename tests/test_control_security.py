@@ -18,7 +18,7 @@ import pytest
 from runtime.control.coordinator import (
     CoordinatorConfig,
     ensure_secret,
-    node_address,
+    own_address,
     start_coordinator,
 )
 from runtime.control.policy import PolicyConfig
@@ -232,7 +232,7 @@ def test_binds_only_where_told(tmp_path: Path) -> None:
 
     addresses = asyncio.run(run())
     assert [a[0] for a in addresses] == ["127.0.0.1"]
-    assert node_address() not in ("0.0.0.0", "::", "")
+    assert own_address() not in ("0.0.0.0", "::", "")
 
 
 def test_control_file_is_written_atomically(tmp_path: Path) -> None:

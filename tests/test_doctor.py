@@ -24,9 +24,9 @@ from slurm.doctor import (
     Finding,
     check_segment,
     check_topology,
+    diagnose,
     exit_code,
     require_topology_support,
-    run_checks,
     spec_partitions,
 )
 from slurm.errors import InputError
@@ -92,7 +92,7 @@ def test_every_capture_parses_and_passes_as_the_dev_cluster_is_configured() -> N
     for release in RELEASES:
         cfg = _capture(release)
         assert cfg.version_text == release
-        findings = run_checks(cfg)
+        findings = diagnose(cfg)
         bad = [f for f in findings if f.status != "pass"]
         assert bad == [], release
 
@@ -100,7 +100,7 @@ def test_every_capture_parses_and_passes_as_the_dev_cluster_is_configured() -> N
 @pytest.mark.parametrize("release", RELEASES)
 def test_every_capture_without_hooks_fails_with_the_lines_to_add(release: str) -> None:
     cfg = parse_show_config((CAPTURES / "unset" / f"show-config-{release}.txt").read_text())
-    findings = run_checks(cfg)
+    findings = diagnose(cfg)
     got = {f.check: (f.status, f.fix) for f in findings if f.status != "pass"}
     assert got == {
         "Prolog": ("fail", "Prolog=/usr/local/bin/fthsdp-prolog"),
@@ -274,7 +274,7 @@ def test_check(
     cfg = _changed(GOOD, **changes)
     if "SLURM_VERSION" in changes:
         cfg = dataclasses.replace(cfg, version_text=str(changes["SLURM_VERSION"]))
-    findings = run_checks(cfg)
+    findings = diagnose(cfg)
     f = _finding(findings, check)
     assert (f.status, f.fix) == (status, fix), f
     others = [g for g in findings if g.check not in (check, *changes) and g.status != "pass"]
@@ -301,7 +301,7 @@ def test_check(
 def test_checks_with_a_spec(
     spec: JobSpec, changes: Mapping[str, str | None], check: str, status: str
 ) -> None:
-    f = _finding(run_checks(_changed(GOOD, **changes), spec), check)
+    f = _finding(diagnose(_changed(GOOD, **changes), spec), check)
     assert f.status == status, f
 
 
@@ -375,7 +375,7 @@ def test_partitions_of_a_spec() -> None:
         }
     )
     assert spec_partitions(spec) == ["cpu", "gpu"]
-    findings = run_checks(GOOD, spec, parts)
+    findings = diagnose(GOOD, spec, parts)
     assert _finding(findings, "partition gpu").status == "pass"
     missing = _finding(findings, "partition cpu")
     assert missing.status == "fail" and "this cluster has: gpu" in missing.detail
@@ -383,8 +383,8 @@ def test_partitions_of_a_spec() -> None:
         {"job": {"name": "t", "run_dir": "/t"}, "replicas": {"count": 1}, "train": {"command": "x"}}
     )
     no_default = {"gpu": dataclasses.replace(parts["gpu"], default=False)}
-    assert _finding(run_checks(GOOD, unnamed, no_default), "default partition").status == "fail"
-    assert exit_code(run_checks(GOOD, unnamed, parts)) == 0
+    assert _finding(diagnose(GOOD, unnamed, no_default), "default partition").status == "fail"
+    assert exit_code(diagnose(GOOD, unnamed, parts)) == 0
 
 
 def test_submit_refuses_block_where_slurmctld_schedules_no_blocks() -> None:

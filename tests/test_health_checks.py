@@ -386,6 +386,13 @@ def test_config_errors_name_the_key(tmp_path):
         run_checks(["ecc", "nope"], CFG)
 
 
+def with_general(cfg: HealthConfig, **general: object) -> HealthConfig:
+    """`cfg` with some of its `[general]` settings replaced."""
+    table = dict(cfg.table)
+    table["general"] = {**table["general"], **general}
+    return HealthConfig(table, cfg.node, cfg.source)
+
+
 def sim_config(tmp_path: Path, **general: object) -> HealthConfig:
     (tmp_path / "c.toml").write_text(
         dev_config_toml(tmp_path, **general) + "[checks.gpu-count]\nexpected = 8\n"
@@ -429,7 +436,8 @@ def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nsleep 1000 &\nwait\n")
     fake.chmod(0o755)
-    cfg = load_config().with_overrides(
+    cfg = with_general(
+        load_config(),
         nvidia_smi=str(fake),
         gpu_source="nvidia-smi",
         total_budget_s=1.0,
@@ -442,7 +450,7 @@ def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
     assert res.by_name()["ecc"].status == "error" and "timed out" in res.by_name()["ecc"].detail
     assert res.by_name()["infiniband"].status == "pass"
     assert not res.healthy and res.drain_reason.startswith("fthsdp: gpu-count: error:")
-    warn = run_checks(["ecc"], cfg.with_overrides(on_error="warn"))
+    warn = run_checks(["ecc"], with_general(cfg, on_error="warn"))
     assert warn.healthy
     time.sleep(0.3)
     leftovers = [
@@ -465,7 +473,7 @@ def test_crashing_check_becomes_one_line_error(tmp_path, monkeypatch):
         raise RuntimeError("deep\ninside")
 
     monkeypatch.setattr(disk, "run", boom)
-    res = run_checks(["disk"], load_config().with_overrides(state_dir=str(tmp_path)))
+    res = run_checks(["disk"], with_general(load_config(), state_dir=str(tmp_path)))
     assert res.checks[0].status == "error" and res.checks[0].detail == "RuntimeError: deep"
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from runtime.sim.analytic import cluster_mtbf_hours, power_law_interpolate, young_daly_interval_s
-from runtime.sim.params import PRESETS
+from runtime.sim.params import PRESETS, power_law_interpolate
+from runtime.sim.reliability import cluster_mtbf_hours, mtbf_from_rate_s, young_daly_interval_s
 from slurm.errors import InputError
 
 
@@ -30,16 +30,24 @@ def test_cluster_mtbf_is_component_mtbf_over_n(
 @pytest.mark.parametrize(
     ("write_s", "mtbf_s", "expected_s", "tol_s"),
     [
-        (37, 3.69 * 3600, 991.4, 1.0),  # worked example: 10,000 GPUs, 3.69 h, 37 s -> ~991 s
-        (15 * 60, 5 * 3600, 1.6 * 3600, 0.05 * 3600),  # figure 7.3: ~1.6 h
-        (150, 2 * 3600, 24 * 60, 60),  # figure 7.25: ~24 min
+        # The textbook's cases; its figures are Young's first order (991 s, 1.6 h, 24 min), which
+        # Daly's higher-order terms shorten by the write time and a little more.
+        (37, 3.69 * 3600, 967.0, 1.0),  # worked example: 10,000 GPUs, 3.69 h, 37 s
+        (15 * 60, 5 * 3600, 1.42 * 3600, 0.05 * 3600),  # figure 7.3
+        (150, 2 * 3600, 22.9 * 60, 60),  # figure 7.25
         (0, 1000, 0.0, 0.0),
+        (300, 100, 100.0, 0.0),  # write time >= 2 MTBF: the MTBF itself
     ],
 )
 def test_young_daly_interval(
     write_s: float, mtbf_s: float, expected_s: float, tol_s: float
 ) -> None:
     assert young_daly_interval_s(write_s, mtbf_s) == pytest.approx(expected_s, abs=tol_s)
+
+
+def test_mtbf_is_the_inverse_rate() -> None:
+    assert mtbf_from_rate_s(1 / 1080) == pytest.approx(1080)
+    assert mtbf_from_rate_s(0.0) == math.inf
 
 
 @pytest.mark.parametrize(
@@ -79,7 +87,9 @@ def test_paper_preset_failure_rate_is_one_every_18_minutes() -> None:
 def test_young_daly_interval_per_mode() -> None:
     p = PRESETS["paper-100k"]
     # Synchronous: every failure loses the state -> Young/Daly with the job MTBF.
-    assert p.checkpoint_interval_for(1) == pytest.approx(math.sqrt(2 * 20 * 18 * 60))
+    x = 20 / (2 * 18 * 60)
+    daly = math.sqrt(2 * 20 * 18 * 60) * (1 + math.sqrt(x) / 3 + x / 9) - 20
+    assert p.checkpoint_interval_for(1) == pytest.approx(daly)
     # FT-HSDP: the state is lost only when every replica is out at once -> far longer interval.
     assert p.checkpoint_interval_for(12) > 100 * p.checkpoint_interval_for(1)
     assert p.with_changes(checkpoint_interval_s=300.0).checkpoint_interval_for(12) == 300.0

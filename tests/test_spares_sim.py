@@ -10,10 +10,37 @@ import sys
 import pytest
 
 from runtime.sim import PRESETS, spares_sweep
-from runtime.sim.analytic import spare_slots_needed
 from slurm.errors import InputError
 
 PER_18_MIN = 1 / 1080  # the paper's job: a failure every 18 minutes
+
+
+def spare_slots_needed(failures_per_s: float, refill_s: float, availability: float = 0.95) -> int:
+    """Spare slots so that a failure finds a free one with probability >= `availability`.
+
+    Each failure takes a slot for as long as its refill waits (allocation + the queue), so the
+    slots in use are an M/G/inf queue: Poisson with mean m = lambda * T_refill. The answer is the
+    smallest K with P(Poisson(m) <= K - 1) >= availability; close to ceil(m + z * sqrt(m)) + 1
+    (z = 1.64 for 95 %), the rule of thumb in docs/simulator.md.
+    """
+    if not (failures_per_s >= 0 and math.isfinite(failures_per_s)):
+        raise InputError("failures_per_s", failures_per_s, "must be a finite number >= 0")
+    if not (refill_s >= 0 and math.isfinite(refill_s)):
+        raise InputError("refill_s", refill_s, "must be a finite number >= 0")
+    if not 0 < availability < 1:
+        raise InputError("availability", availability, "must be between 0 and 1 (exclusive)")
+    m = failures_per_s * refill_s
+    if failures_per_s == 0:
+        return 0  # no failure ever needs a slot
+    term = math.exp(-m)  # P(Poisson(m) = 0)
+    cdf, k = term, 0
+    while cdf < availability:
+        k += 1
+        term *= m / k
+        cdf += term
+        if k > 100_000:  # pragma: no cover - absurd inputs; the loop must end
+            raise InputError("refill_s", refill_s, "needs fewer than 100,000 slots")
+    return k + 1
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import hostlist
 import pytest
 
-from slurm.backend import CommandBackend, JobInfo
+from slurm.backend import CommandBackend, JobInfo, SlurmCommandError
 from slurm.devcluster import DevClusterConfig
 from slurm.errors import InputError
 from slurm.render import render_run, write_scripts
@@ -132,8 +132,23 @@ def test_sbatch_test_only_accepts_rendered_scripts(backend: CommandBackend, tmp_
         }
     )
     for s in [*spec_scripts(spec, tmp_path / "a"), *spec_scripts(cpu, tmp_path / "b")]:
-        answer = backend.test_only(s)
+        answer = sbatch_test_only(backend, s)
         assert "to start at" in answer, f"{s.name}: {answer}"
+
+
+def sbatch_test_only(backend: CommandBackend, script: Path) -> str:
+    """`sbatch --test-only`: Slurm validates the script and says where it would run."""
+    r = subprocess.run(
+        ["sbatch", "--test-only", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=backend.timeout,
+        env=backend.env,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise SlurmCommandError(["sbatch", "--test-only", str(script)], r.returncode, r.stderr)
+    return r.stderr.strip() or r.stdout.strip()
 
 
 def spec_scripts(spec: JobSpec, out: Path) -> list[Path]:

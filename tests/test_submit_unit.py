@@ -20,8 +20,8 @@ from slurm.backend import (
     SlurmCommandError,
     SlurmOutputError,
     SlurmVersion,
-    versions_match,
 )
+from slurm.backend.pyslurm import versions_match
 from slurm.errors import InputError
 from slurm.run_dir import read_run
 from slurm.spec import parse_spec
@@ -267,12 +267,13 @@ def test_pyslurm_version_match(pyslurm: str, slurm: str, ok: bool) -> None:
 
 
 def test_default_backend_without_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm.backend import CommandBackend, default_backend, pyslurm_usable
+    from slurm.backend import CommandBackend, make_backend
+    from slurm.backend.pyslurm import pyslurm_usable
 
     monkeypatch.setenv("FTHSDP_BACKEND", "pyslurm")
     if not pyslurm_usable():
-        assert isinstance(default_backend(), CommandBackend)
-        assert type(default_backend()) is CommandBackend
+        assert isinstance(make_backend(), CommandBackend)
+        assert type(make_backend()) is CommandBackend
 
 
 def test_cli_render_prints_every_script(tmp_path: Path) -> None:

@@ -212,7 +212,7 @@ def control(
         eviction = replace(eviction, requeue_cost_estimate_s=straggler_requeue_cost_s)
     if straggler_mode is not None:
         eviction = replace(eviction, mode=cast(EvictionMode, straggler_mode))
-    host = bind or coord.node_address()
+    host = bind or coord.own_address()
     config = coord.CoordinatorConfig(
         run_dir=run_dir,
         policy=policy,

@@ -41,7 +41,7 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 )
 def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     """Check this Slurm's configuration against what fthsdp relies on (changes nothing)."""
-    from slurm.doctor import exit_code, run_checks, summary, wants_topology
+    from slurm.doctor import diagnose, exit_code, summary, wants_topology
     from slurm.records import SlurmOutputError
     from slurm.slurm_config import (
         SlurmUnreachable,
@@ -61,7 +61,7 @@ def doctor(spec_path: Path | None, as_json: bool, timeout: float) -> None:
     except (SlurmUnreachable, SlurmOutputError) as exc:
         click.echo(f"fthsdp doctor: {exc}", err=True)
         sys.exit(EXIT_UNREACHABLE)
-    findings = run_checks(cfg, spec, partitions, shown)
+    findings = diagnose(cfg, spec, partitions, shown)
     if as_json:
         data = {
             "slurm_version": cfg.version_text,

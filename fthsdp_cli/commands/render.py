@@ -85,13 +85,13 @@ def submit(
     if dry_run:
         _render(spec, overrides, None, None)
         return
-    from slurm.backend import default_backend
+    from slurm.backend import make_backend
     from slurm.spec import load_spec
     from slurm.submit import check_slurm_conf, submit_run
 
     loaded = load_spec(spec, overrides)
     check_slurm_conf()
-    record = submit_run(loaded, default_backend(notice=stderr_notice), force=force)
+    record = submit_run(loaded, make_backend(notice=stderr_notice), force=force)
     if as_json:
         click.echo(record.to_json(), nl=False)
         return
@@ -123,13 +123,13 @@ def cancel_order(record_ids: list[str], live: set[str]) -> tuple[list[str], list
 def cancel(run_dir: Path) -> None:
     """Cancel every job of a run that is still queued or running (as recorded in
     RUN_DIR/jobs.json); says which had already finished."""
-    from slurm.backend import default_backend
+    from slurm.backend import make_backend
     from slurm.run_dir import live_jobs, read_run
     from slurm.submit import check_slurm_conf
 
     record = read_run(run_dir)
     check_slurm_conf()
-    backend = default_backend(notice=stderr_notice)
+    backend = make_backend(notice=stderr_notice)
     from runtime.control.spares import PoolFileError, read_pool
     from slurm.errors import InputError
 

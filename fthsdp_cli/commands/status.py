@@ -271,13 +271,13 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     """
     from rich.console import Console
 
-    from slurm.backend import default_backend
+    from slurm.backend import make_backend
     from slurm.run_dir import check_run_files
     from slurm.submit import check_slurm_conf
 
     check_run_files(run_dir)
     check_slurm_conf()
-    backend = default_backend(notice=stderr_notice)
+    backend = make_backend(notice=stderr_notice)
     data = full_status(run_dir, backend)
     if data.get("drained_unknown"):
         click.echo(f"drained nodes unknown: {data['drained_unknown']}", err=True)
@@ -324,13 +324,13 @@ def requeue(
 ) -> None:
     """Requeue one replica's job (draining a node first), through the coordinator if it runs."""
     from runtime.control.client import request_requeue
-    from slurm.backend import default_backend
+    from slurm.backend import make_backend
     from slurm.run_dir import check_run_files
     from slurm.submit import check_slurm_conf
 
     check_run_files(run_dir, spec=False)
     check_slurm_conf()
-    backend = default_backend(notice=stderr_notice)
+    backend = make_backend(notice=stderr_notice)
     result = request_requeue(run_dir, replica, backend, drain_node, reason)
     if as_json:
         click.echo(json.dumps(result))

@@ -57,10 +57,10 @@ def _slurm_gres_count(node: str, timeout: float) -> int | None:
     """The node's GPU count in Slurm's GRES; None when Slurm cannot be asked here (not
     installed, not configured, not reachable), does not know the node, or gives it no GPU GRES.
     `SlurmOutputError` when Slurm answered in a shape that cannot be read."""
-    from slurm.backend import CommandBackend, NodeNotFound, SlurmCommandError, SlurmOutputError
+    from slurm.backend import NodeNotFound, SlurmCommandError, SlurmOutputError, make_backend
 
     try:
-        info = CommandBackend(timeout=timeout, retries=1).node(node)
+        info = make_backend(timeout=timeout, retries=1).node(node)
     except NodeNotFound:
         return None
     except SlurmOutputError:

@@ -14,12 +14,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import hostlist
-
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
 from runtime.control.report import CONTROL_KEY, read_secret, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
+from slurm.hostlist import job_nodes
 
 #: squeue state -> the status table's state when the coordinator has nothing to say.
 _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}
@@ -147,10 +146,7 @@ def request_requeue(
         # As through the coordinator: only a node Slurm lists for this replica's job.
         check_node_name(drain, "drain")
         nodes = {
-            n
-            for j in backend.jobs([job_id])
-            if j.base_id == job_id and j.nodes and not j.nodes.startswith("(")
-            for n in hostlist.expand_hostlist(j.nodes)
+            n for j in backend.jobs([job_id]) if j.base_id == job_id for n in job_nodes(j.nodes)
         }
         if drain not in nodes:
             raise InputError("--drain", drain, f"a node of job {job_id}: {sorted(nodes)}")

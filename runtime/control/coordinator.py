@@ -50,7 +50,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import hostlist
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -67,8 +66,8 @@ from runtime.control.journal import (
     Journal,
     JournalUnavailable,
     StoredAction,
+    transient,
 )
-from runtime.control.journal import transient as transient_event
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
@@ -108,8 +107,10 @@ from runtime.control.spares import SpareManager
 from runtime.control.spares import carry_out as spares_carry_out
 from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.hostlist import job_nodes
+from slurm.records import lead_record
 from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -179,7 +180,7 @@ def straggler_config(
 
 
 #: Failures worth retrying: Slurm busy or restarting, a command that timed out.
-_TRANSIENT = (
+_RETRYABLE = (
     "Unable to contact",
     "Socket timed out",
     "Connection refused",
@@ -188,8 +189,8 @@ _TRANSIENT = (
 )
 
 
-def transient(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _TRANSIENT)
+def retryable(exc: SlurmCommandError) -> bool:
+    return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
 
 
 #: Policy phases of a replica that will not train again in this run.
@@ -290,7 +291,7 @@ def ensure_secret(run_dir: Path) -> bytes:
     return read_secret(path)
 
 
-def node_address() -> str:
+def own_address() -> str:
     """This node's own address (what the replicas reach), never the wildcard address."""
     name = socket.gethostname()
     try:
@@ -311,7 +312,7 @@ class Coordinator:
     ) -> None:
         self.config = config
         self.secret = ensure_secret(config.run_dir)
-        self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
+        self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
@@ -370,7 +371,7 @@ class Coordinator:
                 return True
             try:
                 seq, stored, committed = writer.record(
-                    event, actions, nonce, durable=not transient_event(event, actions)
+                    event, actions, nonce, durable=not transient(event, actions)
                 )
             except KeyError:
                 return False
@@ -463,7 +464,7 @@ class Coordinator:
             self.allocations.pop(job_id, None)
             return None
         # Slurm's order: the straggler monitor maps ranks to nodes by it.
-        nodes = tuple(dict.fromkeys(n for i in found for n in _expand(i.nodes)))
+        nodes = tuple(dict.fromkeys(n for i in found for n in job_nodes(i.nodes)))
         self.allocations[job_id] = nodes
         return nodes
 
@@ -565,7 +566,7 @@ class Coordinator:
                     log.error("giving up on %s: %s", action, exc)
                     break
                 except SlurmCommandError as exc:
-                    if attempt + 1 >= self.config.action_retries or not transient(exc):
+                    if attempt + 1 >= self.config.action_retries or not retryable(exc):
                         await self.attempt(stored.id, "failed", str(exc))
                         log.error("giving up on %s: %s", action, exc)
                         break
@@ -586,10 +587,10 @@ class Coordinator:
             ok = b.drain(action.node, action.reason)
             return ("done", "drained") if ok else ("skipped", "drained by someone else")
         if isinstance(action, Requeue):
-            current = _lead(b, action.job_id)
-            if current and current[0].restarts > action.restarts:
-                return ("skipped", f"already requeued (restart count {current[0].restarts})")
-            if current and current[0].state.upper() == "PENDING":
+            current = lead_record(b.jobs([action.job_id]), action.job_id)
+            if current and current.restarts > action.restarts:
+                return ("skipped", f"already requeued (restart count {current.restarts})")
+            if current and current.state.upper() == "PENDING":
                 return ("skipped", "job is pending, nothing to requeue")
             b.requeue(action.job_id)
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
@@ -645,22 +646,10 @@ def _same(a: RunState, b: RunState) -> bool:
     return a.drained == b.drained and a.replicas == b.replicas
 
 
-def _expand(nodes: str) -> list[str]:
-    """Slurm's hostlist of a job; empty for a pending job (`""`, `"(null)"`, `"None assigned"`)."""
-    if not nodes or nodes.startswith("(") or " " in nodes:
-        return []
-    return list(hostlist.expand_hostlist(nodes))
-
-
 @functools.lru_cache(maxsize=4096)
 def _expand_once(nodes: str) -> tuple[str, ...]:
-    """`_expand`, remembered: every poll sees the same hostlists again."""
-    return tuple(_expand(nodes))
-
-
-def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
-    """The squeue record of a job (its het component 0), as a list of at most one."""
-    return [j for j in backend.jobs([job_id]) if j.base_id == job_id and j.het_offset == 0][:1]
+    """`job_nodes`, remembered: every poll sees the same hostlists again."""
+    return tuple(job_nodes(nodes))
 
 
 # -- HTTP ------------------------------------------------------------------------------------

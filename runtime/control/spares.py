@@ -30,8 +30,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
+from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.hostlist import job_nodes
+from slurm.records import lead_record
 from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
 if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
@@ -324,7 +326,7 @@ class SpareManager:
             return {}
         infos = [i for i in self.backend.jobs(ids) if i.het_offset == 0]
         found = {i.base_id: i for i in infos if i.base_id in ids}
-        nodes_of = {j: _expand(i.nodes) for j, i in found.items()}
+        nodes_of = {j: job_nodes(i.nodes) for j, i in found.items()}
         wanted = sorted({n for ns in nodes_of.values() for n in ns})
         listed = self.backend.nodes(wanted) if wanted else []
         bad = {n.name for n in listed if _bad(n.flags, n.state)}
@@ -412,14 +414,6 @@ def _empty_reason(pool: Pool, views: Mapping[str, SlotView]) -> str:
         f"{','.join(st.lower() for st in states) or 'none'}): plain requeue, the replica waits "
         "for the scheduler"
     )
-
-
-def _expand(nodes: str) -> list[str]:
-    import hostlist
-
-    if not nodes or nodes.startswith("(") or " " in nodes:
-        return []
-    return list(hostlist.expand_hostlist(nodes))
 
 
 # -- coordinator hooks (called from runtime.control.coordinator) -------------------------------
@@ -530,7 +524,7 @@ def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: floa
     started = time.monotonic()
     next_control = started
     control_id = _control_job(run_dir)
-    backend = CommandBackend(retries=1, timeout=20.0)
+    backend = make_backend(retries=1, timeout=20.0)
     while True:
         try:
             pool = read_pool(run_dir)
@@ -601,10 +595,10 @@ def _control_job(run_dir: Path) -> str | None:
 
 def _ended(backend: SlurmBackend, job_id: str) -> bool:
     try:
-        found = [i for i in backend.jobs([job_id]) if i.base_id == job_id and i.het_offset == 0]
+        found = lead_record(backend.jobs([job_id]), job_id)
     except (SlurmCommandError, EnvironmentProblem):
         return False  # unknown is not ended
-    return not found or found[0].state.upper() not in _LIVE
+    return found is None or found.state.upper() not in _LIVE
 
 
 def main(argv: list[str] | None = None) -> int:

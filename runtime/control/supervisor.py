@@ -52,10 +52,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import hostlist
-
 from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
-from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
+from slurm import hostlist
+from slurm.backend import SlurmBackend, SlurmCommandError, SlurmOutputError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ class SupervisorConfig:
             command=command,
             job_id=env.get("SLURM_JOB_ID"),
             restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-            nodes=hostlist.expand_hostlist(nodelist) if nodelist else [],
+            nodes=hostlist.expand(nodelist, "SLURM_JOB_NODELIST") if nodelist else [],
             control_wait_s=control_wait_s,
             mode=env.get("FTHSDP_TRAIN_MODE") or "fthsdp",
             progress_regex=env.get("FTHSDP_PROGRESS_REGEX") or None,
@@ -228,7 +227,7 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config = config
-        self.backend = backend or CommandBackend()
+        self.backend = backend or make_backend()
         self.sleep = sleep
         self.launch = 0
         self.child: subprocess.Popen[bytes] | None = None

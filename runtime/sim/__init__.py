@@ -1,13 +1,13 @@
 """Scale simulator: effective training time of synchronous vs FT-HSDP training under failures.
 
-numpy only (no torch): `params` holds the inputs and the `paper-100k` preset, `analytic` the
-textbook's closed forms (cluster MTBF, Young/Daly), `engine` the vectorised Monte Carlo model,
+numpy only (no torch): `params` holds the inputs and the `paper-100k` preset, `reliability` the
+closed forms (cluster MTBF, Young/Daly), `engine` the vectorised Monte Carlo model,
 `plot` the optional matplotlib figure. `fthsdp simulate` is a thin front end over `compare`.
 """
 
-from runtime.sim.analytic import cluster_mtbf_hours, power_law_interpolate, young_daly_interval_s
 from runtime.sim.engine import Comparison, ModeRuns, compare, simulate_mode, spares_sweep
-from runtime.sim.params import PRESETS, SimParams, params_from_options
+from runtime.sim.params import PRESETS, SimParams, params_from_options, power_law_interpolate
+from runtime.sim.reliability import cluster_mtbf_hours, young_daly_interval_s
 
 __all__ = [
     "PRESETS",

@@ -20,11 +20,28 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.sim.analytic import power_law_interpolate, young_daly_interval_s
 from runtime.sim.control import MEASURED_REPORT_COST_S, ControlLoad, control_load
+from runtime.sim.reliability import mtbf_from_rate_s, young_daly_interval_s
 from slurm.errors import InputError
 
 SECONDS_PER_DAY = 86_400.0
+
+
+def power_law_interpolate(
+    n: float, anchors: tuple[tuple[float, float], tuple[float, float]]
+) -> float:
+    """Interpolate (and extrapolate) a cost through two (size, seconds) anchors on a log-log line.
+
+    NCCL initialisation grows faster than linearly with the number of ranks (17 s at 16K GPUs,
+    200 s at 98K in the paper). A straight line through those two points goes negative below
+    ~14K GPUs, which a replica of 8K GPUs would hit; a power law stays positive and passes
+    through both anchors exactly.
+    """
+    (n0, s0), (n1, s1) = anchors
+    if n <= 0:
+        raise InputError("gpus", n, "must be > 0")
+    exponent = math.log(s1 / s0) / math.log(n1 / n0)
+    return s0 * (n / n0) ** exponent
 
 
 @dataclass(frozen=True)
@@ -105,8 +122,7 @@ class SimParams:
 
     @property
     def job_mtbf_s(self) -> float:
-        rate = self.failure_rate_per_s
-        return math.inf if rate == 0 else 1.0 / rate
+        return mtbf_from_rate_s(self.failure_rate_per_s)
 
     @property
     def first_step_excess_s(self) -> float:
@@ -160,7 +176,7 @@ class SimParams:
         loss_rate = node_rate * rho ** (self.replicas - 1) + rack_rate * rho ** (
             self.replicas - span
         )
-        return math.inf if loss_rate == 0 else 1.0 / loss_rate
+        return mtbf_from_rate_s(loss_rate)
 
     def checkpoint_interval_for(self, replicas: int) -> float:
         """The training time between checkpoints: given, or Young/Daly for this mode's MTBF."""

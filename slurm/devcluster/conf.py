@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import socket
 
-import hostlist
-
+from slurm import hostlist
 from slurm.devcluster.config import DevClusterConfig
 
 
 def _hl(names: list[str]) -> str:
-    return str(hostlist.collect_hostlist(names))
+    return hostlist.compress(names)
 
 
 def slurm_conf(cfg: DevClusterConfig) -> str:

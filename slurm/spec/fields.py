@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import re
 
-import hostlist
-
+from slurm import hostlist
 from slurm.errors import InputError
 
 #: Job names, partitions, accounts, QoS, reservations: what Slurm and a shell both take unquoted.
@@ -61,10 +60,7 @@ def check_hostlist(where: str, value: str | None) -> None:
         return
     if not HOSTLIST.fullmatch(value):
         raise InputError(where, value, "a Slurm hostlist such as node[1-4],gpu7")
-    try:
-        hostlist.expand_hostlist(value)
-    except hostlist.BadHostlist as exc:
-        raise InputError(where, value, f"a valid hostlist ({exc})") from None
+    hostlist.expand(value, where)
 
 
 def check_constraint(where: str, value: str) -> None:

@@ -1,18 +1,10 @@
-"""The narrow interface through which fthsdp acts on Slurm.
+"""`CommandBackend`: the `SlurmBackend` over Slurm's own commands, which work on every Slurm.
 
-Everything that submits, requeues, drains or queries goes through `SlurmBackend`, so the recovery
-path (failure -> report -> policy -> Slurm action) has exactly one place where it touches Slurm,
-and tests can swap the class rather than patch subprocess calls.
-
-`CommandBackend` drives Slurm's own commands, which work on every Slurm. Their JSON differs by
-release, so the backend reads the version once (`scontrol --version`) and picks the command and
-parser for it (`slurm.slurm_json`): `sinfo --json` on 22.05, `scontrol --json show node` from
-23.02 on. An answer it does not recognise raises `SlurmOutputError`, never an empty list. Each
-command runs with a timeout and a bounded number of retries with backoff, because slurmctld
-restarts and slow answers are normal on a busy cluster.
-`PyslurmBackend` is picked by `default_backend()` only when pyslurm imports and matches the running
-Slurm (docs/design-facts.md, Slurm fact 9: `import pyslurm` can kill the process, so the import is
-guarded in a child process first).
+Their JSON differs by release, so the backend reads the version once (`scontrol --version`) and
+picks the command and parser for it (`slurm.slurm_json`): `sinfo --json` on 22.05, `scontrol
+--json show node` from 23.02 on. An answer it does not recognise raises `SlurmOutputError`, never
+an empty list. Each command runs with a timeout and a bounded number of retries with backoff,
+because slurmctld restarts and slow answers are normal on a busy cluster.
 
 Drain reasons are owned by prefix. `drain` and `resume` take exactly one node name (a hostlist
 would be expanded by Slurm), re-read that node right before acting, and act only on what they
@@ -23,24 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
 
-import hostlist
-
-from slurm import slurm_json
+from slurm import hostlist, slurm_json
 from slurm.errors import InputError
 from slurm.records import (
     DRAIN_PREFIX,
     JobInfo,
     NodeInfo,
-    NodeNameError,
     NodeNotFound,
     SlurmCommandError,
     SlurmOutputError,
@@ -48,47 +34,10 @@ from slurm.records import (
     check_node_name,
 )
 
-__all__ = [
-    "DRAIN_PREFIX",
-    "CommandBackend",
-    "JobInfo",
-    "NodeInfo",
-    "NodeNameError",
-    "NodeNotFound",
-    "SlurmBackend",
-    "SlurmCommandError",
-    "SlurmOutputError",
-    "SlurmVersion",
-    "check_node_name",
-    "default_backend",
-    "drain_reason",
-]
-
-#: sinfo shows 20 characters of a reason by default; scontrol shows it all.
-REASON_MAX = 120
 #: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
 RELEASE_DELAY_S = 2
 #: Seconds a Slurm command may take before a `notice` says what fthsdp is waiting for.
 WAIT_NOTICE_AFTER_S = 3.0
-
-
-class SlurmBackend(Protocol):
-    """What fthsdp needs from Slurm, and nothing more."""
-
-    def submit(self, script: Path, args: Sequence[str] = ()) -> str: ...
-    def requeue(self, job_id: str) -> None: ...
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None: ...
-    def cancel(self, job_ids: Iterable[str]) -> None: ...
-    def drain(self, node: str, reason: str) -> bool: ...
-    def resume(self, node: str) -> bool: ...
-    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]: ...
-    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]: ...
-
-
-def drain_reason(check: str, detail: str) -> str:
-    """`fthsdp: <check>: <detail>`, single-line and short so sinfo shows the check's name."""
-    text = f"{DRAIN_PREFIX} {check}: {detail}".replace("\n", " ").replace('"', "'")
-    return text[:REASON_MAX]
 
 
 class CommandBackend:
@@ -129,7 +78,7 @@ class CommandBackend:
                 if r.returncode == 0:
                     return r.stdout
                 last = SlurmCommandError(argv, r.returncode, r.stderr or r.stdout)
-                if not _transient(last.stderr):
+                if not _retryable(last.stderr):
                     raise last
             if attempt + 1 < attempts:
                 delay = self.backoff * (2**attempt)
@@ -181,20 +130,6 @@ class CommandBackend:
         out = self._run(["sbatch", "--parsable", *args, str(script)], retry=False)
         return out.strip().split(";")[0].split("+")[0]
 
-    def test_only(self, script: Path, args: Sequence[str] = ()) -> str:
-        """`sbatch --test-only`: Slurm validates the script and says where it would run."""
-        r = subprocess.run(
-            ["sbatch", "--test-only", *args, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-            env=self.env,
-            check=False,
-        )
-        if r.returncode != 0:
-            raise SlurmCommandError(["sbatch", "--test-only", str(script)], r.returncode, r.stderr)
-        return r.stderr.strip() or r.stdout.strip()
-
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
 
@@ -239,14 +174,14 @@ class CommandBackend:
         current: set[str] = set()
         for job in self.jobs([job_id]):
             if job.job_id == job_id and job.excluded:
-                current.update(hostlist.expand_hostlist(job.excluded))
+                current.update(hostlist.expand(job.excluded, "ExcNodeList"))
         wanted = sorted(current | set(nodes))
         self._run(
             [
                 "scontrol",
                 "update",
                 f"JobId={job_id}",
-                f"ExcNodeList={hostlist.collect_hostlist(wanted)}",
+                f"ExcNodeList={hostlist.compress(wanted)}",
             ]
         )
 
@@ -382,7 +317,7 @@ def _check_our_reason(reason: object) -> None:
         raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
 
 
-_TRANSIENT = (
+_RETRYABLE = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -392,8 +327,8 @@ _TRANSIENT = (
 )
 
 
-def _transient(stderr: str) -> bool:
-    return any(t in stderr for t in _TRANSIENT)
+def _retryable(stderr: str) -> bool:
+    return any(t in stderr for t in _RETRYABLE)
 
 
 def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> list[JobInfo]:
@@ -405,52 +340,3 @@ def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> li
         if (not wanted or j.job_id in wanted or j.base_id in wanted)
         and (name is None or j.name == name)
     ]
-
-
-def versions_match(pyslurm_version: str, slurm_version: str) -> bool:
-    """pyslurm X.Y.* is built for Slurm X.Y (e.g. pyslurm 23.2.2 for Slurm 23.02.7)."""
-
-    def major_minor(text: str) -> tuple[int, int] | None:
-        m = re.search(r"(\d+)\.(\d+)", text)
-        return (int(m.group(1)), int(m.group(2))) if m else None
-
-    a, b = major_minor(pyslurm_version), major_minor(slurm_version)
-    return a is not None and a == b
-
-
-def pyslurm_usable() -> bool:
-    """True if pyslurm imports in a child process without killing it (docs/design-facts.md, Slurm
-    fact 9) and was built for the Slurm that `sinfo --version` reports."""
-    probe = "import pyslurm; print(getattr(pyslurm, '__version__', '') or pyslurm.version())"
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", probe],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-            env=os.environ.copy(),
-        )
-        if r.returncode != 0:
-            return False
-        v = subprocess.run(
-            ["sinfo", "--version"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (subprocess.TimeoutExpired, OSError):
-        return False
-    return v.returncode == 0 and versions_match(r.stdout.strip(), v.stdout.strip())
-
-
-def default_backend(notice: Callable[[str], None] | None = None) -> SlurmBackend:
-    """The backend fthsdp uses unless told otherwise: Slurm's commands.
-
-    pyslurm exists on the package index only for Slurm versions that do not match Debian's
-    22.05, and where it is installed it offers nothing this toolkit needs that the commands do
-    not; it is therefore used only when `FTHSDP_BACKEND=pyslurm` asks for it, it imports, and its
-    version matches the running Slurm.
-    """
-    if os.environ.get("FTHSDP_BACKEND") == "pyslurm" and pyslurm_usable():
-        from slurm.backend_pyslurm import PyslurmBackend
-
-        return PyslurmBackend(notice=notice)
-    return CommandBackend(notice=notice)
