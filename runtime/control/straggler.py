@@ -408,17 +408,6 @@ def observe(
     return DetectorState(tracks, clock)
 
 
-def observe_all(
-    samples: Iterable[TimingSample],
-    config: StragglerConfig | None = None,
-    state: DetectorState | None = None,
-) -> DetectorState:
-    state = state or DetectorState()
-    for sample in samples:
-        state = observe(state, sample, config)
-    return state
-
-
 def verdicts(state: DetectorState) -> list[StragglerVerdict]:
     """One verdict per known replica, by replica id."""
     return [_verdict(replica, state.tracks[replica]) for replica in sorted(state.tracks)]
