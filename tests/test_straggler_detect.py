@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from runtime.control.straggler import (
+from runtime.control.straggler.detect import (
     DetectorState,
     StragglerConfig,
     TimingSample,

@@ -24,7 +24,7 @@ Endpoints (aiohttp; no hand-written HTTP):
 Every connection serves one request and sits behind `runtime.control.guard` (header and body
 deadlines, a connection cap that evicts half-open connections first).
 
-Stragglers (`runtime.control.straggler.StragglerService`): every accepted report also feeds the
+Stragglers (`runtime.control.straggler.service`): every accepted report also feeds the
 straggler monitor; an eviction it decides goes through the policy as a `StragglerEviction`
 event (tier 2: drain with `fthsdp: straggler: <node> <factor>x`, requeue).
 
@@ -107,7 +107,9 @@ from runtime.control.report import (
 from runtime.control.spares import SpareManager
 from runtime.control.spares import carry_out as spares_carry_out
 from runtime.control.spares import on_poll as spares_on_poll
-from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.control.straggler.detect import StragglerConfig
+from runtime.control.straggler.evict import EvictionConfig
+from runtime.control.straggler.service import StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
