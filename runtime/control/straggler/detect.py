@@ -37,7 +37,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runtime.control.report import ReplicaReport
 
 VerdictState = Literal["ok", "suspect", "straggler"]
 #: Ratios kept per episode (the median is taken over these); bounds memory on long episodes.
@@ -102,8 +105,8 @@ class TimingSample:
     tasks_per_node: int | None = None
 
     @classmethod
-    def from_report(cls, report: Any, received_at: float) -> TimingSample:
-        """From a `runtime.control.report.ReplicaReport` (duck-typed to stay import-light)."""
+    def from_report(cls, report: ReplicaReport, received_at: float) -> TimingSample:
+        """The timing fields of one leader report."""
         return cls(
             replica=report.replica,
             step=report.step,

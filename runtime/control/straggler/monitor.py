@@ -10,7 +10,7 @@ it decides.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.control.straggler.detect import (
     DetectorState,
@@ -27,6 +27,9 @@ from runtime.control.straggler.evict import (
     StragglerDecision,
     decide,
 )
+
+if TYPE_CHECKING:
+    from runtime.control.report import ReplicaReport
 
 
 class StragglerMonitor:
@@ -57,7 +60,7 @@ class StragglerMonitor:
         self._requeued_at: dict[int, tuple[str, float]] = {}
         self._announced: dict[int, tuple[str, str, str]] = {}
 
-    def observe(self, report: Any, received_at: float) -> None:
+    def observe(self, report: ReplicaReport, received_at: float) -> None:
         self.observe_sample(TimingSample.from_report(report, received_at))
 
     def observe_sample(self, sample: TimingSample, evidence: bool = True) -> None:

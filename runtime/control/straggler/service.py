@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from runtime.control.policy import Action, Requeue, RunState, StragglerEviction
+from runtime.control.report import ReplicaReport
 from runtime.control.straggler.detect import StragglerConfig, TimingSample, describe, stragglers
 from runtime.control.straggler.evict import EvictionConfig, StragglerDecision
 from runtime.control.straggler.monitor import StragglerMonitor
@@ -75,12 +77,12 @@ class StragglerService:
         # training since the given wall time (recovering within `recovery_hold_s` of it).
         self._unsettled: set[int] = set()
         self._warming: dict[int, float] = {}
-        self._noted: Any = None
+        self._noted: RunState | None = None
         self._dirty: set[int] = set()
         self._dirty_all = True
         self._last_at = float("-inf")
 
-    def note_changed(self, old: Any, new: Any, replicas: Iterable[int] | None) -> None:
+    def note_changed(self, old: RunState, new: RunState, replicas: Iterable[int] | None) -> None:
         """The policy state went from `old` to `new`; only `replicas` (None: any) changed. Lets
         `on_report` look at the replicas that may be recovering instead of at every replica
         (a state it was not told about is looked at in full)."""
@@ -90,7 +92,7 @@ class StragglerService:
             self._dirty.update(replicas)
         self._noted = new
 
-    def _refresh(self, state: Any, at: float) -> None:
+    def _refresh(self, state: RunState, at: float) -> None:
         """Bring `_unsettled` and `_warming` up to `state` at wall time `at` (in full for a
         state it was not told about, or when time ran backwards)."""
         full = self._dirty_all or state is not self._noted or at < self._last_at
@@ -130,7 +132,7 @@ class StragglerService:
             del self._warming[k]
         return found
 
-    def _recovering(self, state: Any, at: float) -> tuple[int, ...]:
+    def _recovering(self, state: RunState, at: float) -> tuple[int, ...]:
         """`recovering_replicas` of every replica (after `_refresh`): only the candidates."""
         rows = []
         for k in self._unsettled | set(self._warming):
@@ -138,10 +140,10 @@ class StragglerService:
             rows.append((k, r.phase, r.phase_since, r.handled is not None))
         return recovering_replicas(rows, -1, at, self.monitor.detect.recovery_hold_s)
 
-    def on_report(self, report: Any, state: Any, now: float, at: float) -> list[Any]:
+    def on_report(
+        self, report: ReplicaReport, state: RunState, now: float, at: float
+    ) -> list[StragglerEviction]:
         """Observe one accepted report (monotonic `now`); the policy events to submit."""
-        from runtime.control.policy import StragglerEviction
-
         sample = TimingSample.from_report(report, now)
         known = state.replicas.get(report.replica)
         if not sample.nodes and known is not None and known.nodes:
@@ -167,14 +169,12 @@ class StragglerService:
                 events.append(StragglerEviction(d.replica, at, node, detail, exclude))
         return events
 
-    def on_actions(self, actions: Iterable[Any], now: float) -> None:
-        from runtime.control.policy import Requeue
-
+    def on_actions(self, actions: Iterable[Action], now: float) -> None:
         for a in actions:
             if isinstance(a, Requeue) and not self.monitor.requeue_pending(a.replica):
                 self.monitor.note_requeue(a.replica, now)
 
-    def account(self, state: Any, now: float, replicas: Iterable[int] | None = None) -> None:
+    def account(self, state: RunState, now: float, replicas: Iterable[int] | None = None) -> None:
         """Accumulate each replica's time per policy phase (monotonic), for ETTR.
 
         `replicas`: only these changed since the last call (None: any may have). A replica's
