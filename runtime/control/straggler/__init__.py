@@ -8,6 +8,8 @@ training), so evicting a straggler is often the right call. This package decides
 
 The package is split by job: `detect` (the pure detector: pace, standing among the peers,
 episodes and verdicts), `evict` (the pure decision: when an eviction pays), `monitor` (the
-detector state plus the run's eviction bookkeeping, fed by reports), and `service` (the glue that
-feeds the monitor from the coordinator's accepted reports and policy state).
+detector state plus the run's eviction bookkeeping, fed by reports), `service` (the glue that
+feeds the monitor from the coordinator's accepted reports and policy state), and `steptiming`
+(the worker's side: each rank's own compute time per step, which the reports carry, and the
+simulated slow fault).
 """
