@@ -182,10 +182,7 @@ class Journal:
         elif stat.S_IMODE(path.stat().st_mode) & 0o077 and os.access(path, os.W_OK):
             os.chmod(path, 0o600)  # written by an older version with the default umask
         try:
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
-            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._db = connect(path, durable)
             # Bound the WAL file: a compaction frees pages the next writes reuse.
             self._db.execute("PRAGMA journal_size_limit=8388608")
             self._db.executescript(_SCHEMA)
@@ -243,35 +240,17 @@ class Journal:
         if self.writer is not None:
             raise RuntimeError("the journal is written through its GroupWriter")
         now = time.time() if now is None else now
-        payload = event_to_dict(event)
-        replica = _replica_of(payload)
-        stored: list[StoredAction] = []
         with self._tx() as db:
-            if nonce is not None:
+            last_seq, last_action_id = last_ids(db)
+            seq = last_seq + 1
+            ops, stored = record_ops(event, actions, nonce, now, seq, last_action_id)
+            for sql, args in ops:
                 try:
-                    db.execute("INSERT INTO nonces VALUES (?, ?)", (nonce, now))
+                    db.execute(sql, args)
                 except sqlite3.IntegrityError:
-                    raise KeyError(nonce) from None
-            cur = db.execute(
-                "INSERT INTO events (at, type, replica, payload, transient) VALUES (?, ?, ?, ?, ?)",
-                (
-                    event.at,
-                    payload["type"],
-                    replica,
-                    json.dumps(payload),
-                    int(transient(event, actions)),
-                ),
-            )
-            seq = int(cur.lastrowid or 0)
-            for action in actions:
-                data = action_to_dict(action)
-                status = "decided" if isinstance(action, SLURM_ACTIONS) else "done"
-                cur = db.execute(
-                    "INSERT INTO actions (event_seq, type, replica, payload, status, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (seq, data["type"], data.get("replica"), json.dumps(data), status, now),
-                )
-                stored.append(StoredAction(int(cur.lastrowid or 0), seq, action, status, 0))
+                    if sql == NONCE_SQL:
+                        raise KeyError(nonce) from None
+                    raise
         return seq, stored
 
     def nonce_seen(self, nonce: str) -> bool:
@@ -285,7 +264,7 @@ class Journal:
     def attempt(self, action_id: int, outcome: str, detail: str = "") -> None:
         """Record one attempt at a Slurm action; `outcome` is started|done|failed|skipped|retry."""
         with self._tx() as db:
-            for sql, args in _attempt_ops(action_id, outcome, detail, time.time()):
+            for sql, args in attempt_ops(action_id, outcome, detail, time.time()):
                 db.execute(sql, args)
 
     def compact(self, state: RunState, upto_seq: int, now: float | None = None) -> int:
@@ -295,15 +274,9 @@ class Journal:
         expired nonces commit together. Returns the number of events deleted.
         """
         now = time.time() if now is None else now
-        data = json.dumps(state.to_dict(), separators=(",", ":"))
         with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO snapshot (id, upto_seq, at, state) VALUES (1, ?, ?, ?)",
-                (upto_seq, now, data),
-            )
-            cur = db.execute("DELETE FROM events WHERE transient = 1 AND seq <= ?", (upto_seq,))
-            db.execute("DELETE FROM nonces WHERE at < ?", (now - NONCE_KEEP_S,))
-        return int(cur.rowcount)
+            dropped = compact_in(db, state, upto_seq, now)
+        return dropped
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -462,17 +435,102 @@ class JournalUnavailable(Exception):
     the coordinator answers 503 and its log says why."""
 
 
-_Op = tuple[str, tuple[Any, ...]]
-_NONCE_SQL = "INSERT INTO nonces VALUES (?, ?)"
-_EVENT_SQL = (
+#: One SQL statement and its arguments.
+Op = tuple[str, tuple[Any, ...]]
+NONCE_SQL = "INSERT INTO nonces VALUES (?, ?)"
+EVENT_SQL = (
     "INSERT INTO events (seq, at, type, replica, payload, transient) VALUES (?, ?, ?, ?, ?, ?)"
+)
+ACTION_SQL = (
+    "INSERT INTO actions (id, event_seq, type, replica, payload, status, updated)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-def _attempt_ops(action_id: int, outcome: str, detail: str, now: float) -> list[_Op]:
+def connect(path: Path, durable: bool) -> sqlite3.Connection:
+    """A connection to the journal at `path`: WAL, fsync per commit unless not `durable`."""
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    return db
+
+
+def last_ids(db: sqlite3.Connection) -> tuple[int, int]:
+    """The last event sequence number and action id handed out (AUTOINCREMENT's rule: the
+    largest ever used, deleted rows included)."""
+    row = db.execute(
+        "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM events UNION ALL "
+        "SELECT seq FROM sqlite_sequence WHERE name = 'events')"
+    ).fetchone()
+    seq = int(row[0] or 0)
+    row = db.execute(
+        "SELECT MAX(id) FROM (SELECT MAX(id) AS id FROM actions UNION ALL "
+        "SELECT seq FROM sqlite_sequence WHERE name = 'actions')"
+    ).fetchone()
+    return seq, int(row[0] or 0)
+
+
+def record_ops(
+    event: Event,
+    actions: list[Action],
+    nonce: str | None,
+    now: float,
+    seq: int,
+    last_action_id: int,
+) -> tuple[list[Op], list[StoredAction]]:
+    """The rows of one event stored as `seq`: its nonce, the event, and its actions (numbered
+    from `last_action_id` + 1); and the actions as stored."""
+    payload = event_to_dict(event)
+    ops: list[Op] = []
+    if nonce is not None:
+        ops.append((NONCE_SQL, (nonce, now)))
+    ops.append(
+        (
+            EVENT_SQL,
+            (
+                seq,
+                event.at,
+                payload["type"],
+                _replica_of(payload),
+                json.dumps(payload),
+                int(transient(event, actions)),
+            ),
+        )
+    )
+    stored: list[StoredAction] = []
+    action_id = last_action_id
+    for action in actions:
+        action_id += 1
+        data = action_to_dict(action)
+        status = "decided" if isinstance(action, SLURM_ACTIONS) else "done"
+        ops.append(
+            (
+                ACTION_SQL,
+                (action_id, seq, data["type"], data.get("replica"), json.dumps(data), status, now),
+            )
+        )
+        stored.append(StoredAction(action_id, seq, action, status, 0))
+    return ops, stored
+
+
+def compact_in(db: sqlite3.Connection, state: RunState, upto_seq: int, now: float) -> int:
+    """Inside a transaction: snapshot `state` (the state after event `upto_seq`), delete the
+    status reports it covers and the expired nonces. Returns the number of events deleted."""
+    data = json.dumps(state.to_dict(), separators=(",", ":"))
+    db.execute(
+        "INSERT OR REPLACE INTO snapshot (id, upto_seq, at, state) VALUES (1, ?, ?, ?)",
+        (upto_seq, now, data),
+    )
+    db.execute("DELETE FROM nonces WHERE at < ?", (now - NONCE_KEEP_S,))
+    cur = db.execute("DELETE FROM events WHERE transient = 1 AND seq <= ?", (upto_seq,))
+    return int(cur.rowcount)
+
+
+def attempt_ops(action_id: int, outcome: str, detail: str, now: float) -> list[Op]:
     """The rows of one attempt at a Slurm action, and its action's new status."""
     detail = detail[:2000]
-    ops: list[_Op] = [
+    ops: list[Op] = [
         (
             "INSERT INTO attempts (action_id, at, outcome, detail) VALUES (?, ?, ?, ?)",
             (action_id, now, outcome, detail),
@@ -495,7 +553,7 @@ def _attempt_ops(action_id: int, outcome: str, detail: str, now: float) -> list[
 
 @dataclass
 class _Item:
-    ops: list[_Op]
+    ops: list[Op]
     future: asyncio.Future[Any] | None
     nonce: str | None
     #: Runs in the writer thread after `ops`, inside the transaction (compaction's count).
@@ -524,21 +582,8 @@ class GroupWriter:
         self._queued_at: collections.deque[float] = collections.deque()
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        with journal._lock:
-            row = journal._db.execute(
-                "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM events UNION ALL "
-                "SELECT seq FROM sqlite_sequence WHERE name = 'events')"
-            ).fetchone()
-            self._seq = int(row[0] or 0)
-            row = journal._db.execute(
-                "SELECT MAX(id) FROM (SELECT MAX(id) AS id FROM actions UNION ALL "
-                "SELECT seq FROM sqlite_sequence WHERE name = 'actions')"
-            ).fetchone()
-            self._action_id = int(row[0] or 0)
-        self._db = sqlite3.connect(str(journal.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if journal.durable else 'OFF'}")
-        self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        self._db = connect(journal.path, journal.durable)
+        self._seq, self._action_id = last_ids(self._db)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         journal.writer = self
         self._thread.start()
@@ -571,46 +616,9 @@ class GroupWriter:
         if nonce is not None and self.journal.nonce_seen(nonce):
             raise KeyError(nonce)
         now = time.time() if now is None else now
-        payload = event_to_dict(event)
         seq = self._seq + 1
-        ops: list[_Op] = []
-        if nonce is not None:
-            ops.append((_NONCE_SQL, (nonce, now)))
-        ops.append(
-            (
-                _EVENT_SQL,
-                (
-                    seq,
-                    event.at,
-                    payload["type"],
-                    _replica_of(payload),
-                    json.dumps(payload),
-                    int(transient(event, actions)),
-                ),
-            )
-        )
-        stored: list[StoredAction] = []
-        action_id = self._action_id
-        for action in actions:
-            action_id += 1
-            data = action_to_dict(action)
-            status = "decided" if isinstance(action, SLURM_ACTIONS) else "done"
-            ops.append(
-                (
-                    "INSERT INTO actions (id, event_seq, type, replica, payload, status, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        action_id,
-                        seq,
-                        data["type"],
-                        data.get("replica"),
-                        json.dumps(data),
-                        status,
-                        now,
-                    ),
-                )
-            )
-            stored.append(StoredAction(action_id, seq, action, status, 0))
+        ops, stored = record_ops(event, actions, nonce, now, seq, self._action_id)
+        action_id = stored[-1].id if stored else self._action_id
         future = self._loop.create_future() if durable else None
         self._put(_Item(ops, future, nonce))
         self._seq, self._action_id = seq, action_id
@@ -621,7 +629,7 @@ class GroupWriter:
     def attempt(self, action_id: int, outcome: str, detail: str = "") -> asyncio.Future[Any]:
         """Queue one attempt at a Slurm action (as `Journal.attempt`); done once committed."""
         future = self._loop.create_future()
-        self._put(_Item(_attempt_ops(action_id, outcome, detail, time.time()), future, None))
+        self._put(_Item(attempt_ops(action_id, outcome, detail, time.time()), future, None))
         return future
 
     def compact(
@@ -637,14 +645,7 @@ class GroupWriter:
         now = time.time() if now is None else now
 
         def snapshot(db: sqlite3.Connection) -> int:
-            data = json.dumps(state.to_dict(), separators=(",", ":"))
-            db.execute(
-                "INSERT OR REPLACE INTO snapshot (id, upto_seq, at, state) VALUES (1, ?, ?, ?)",
-                (upto_seq, now, data),
-            )
-            db.execute("DELETE FROM nonces WHERE at < ?", (now - NONCE_KEEP_S,))
-            cur = db.execute("DELETE FROM events WHERE transient = 1 AND seq <= ?", (upto_seq,))
-            return int(cur.rowcount)
+            return compact_in(db, state, upto_seq, now)
 
         future = self._loop.create_future()
         self._put(_Item([], future, None, snapshot))
@@ -723,8 +724,8 @@ class GroupWriter:
             # The reports' own rows first, one executemany per table: each execute hands the
             # GIL to the event loop and back, and a batch holds hundreds of rows. Nothing else
             # depends on their order; actions and attempts follow in queue order.
-            first: dict[str, list[tuple[Any, ...]]] = {_NONCE_SQL: [], _EVENT_SQL: []}
-            rest: list[_Op | _Item] = []
+            first: dict[str, list[tuple[Any, ...]]] = {NONCE_SQL: [], EVENT_SQL: []}
+            rest: list[Op | _Item] = []
             for item in batch:
                 for op in item.ops:
                     if op[0] in first:
