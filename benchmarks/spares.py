@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_spares_full_cluster import _run  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
-from runtime.control.journal import Journal  # noqa: E402
+from runtime.control.journal.store import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
 PHASES = ("detect_s", "move_s", "start_s", "participating_s")

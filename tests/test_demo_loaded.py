@@ -26,7 +26,7 @@ from cpu_load import cpu_burners
 from test_control_e2e import requeues_in_journal
 
 from runtime.control.inject import inject
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from slurm import devcluster
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig

@@ -37,7 +37,7 @@ from control_harness import (
 )
 
 from runtime.control.client import fetch_state
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import Requeue, StragglerEviction
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig

@@ -62,13 +62,10 @@ from runtime.control.guard import (
     one_request_per_connection,
     raise_open_files,
 )
-from runtime.control.journal import (
-    GroupWriter,
-    Journal,
-    JournalUnavailable,
-    StoredAction,
-)
-from runtime.control.journal import transient as transient_event
+from runtime.control.journal.schema import StoredAction
+from runtime.control.journal.store import Journal
+from runtime.control.journal.writer import GroupWriter, JournalUnavailable
+from runtime.control.journal.writer import transient as transient_event
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
