@@ -42,7 +42,8 @@ from control_harness import install_fake_slurm  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from runtime.control.coordinator import compaction_interval  # noqa: E402
-from runtime.control.journal import JOURNAL_FILE, Journal  # noqa: E402
+from runtime.control.journal.schema import JOURNAL_FILE  # noqa: E402
+from runtime.control.journal.store import Journal  # noqa: E402
 from runtime.control.policy import PolicyConfig, ReportReceived, RunState, step  # noqa: E402
 from runtime.control.report import (  # noqa: E402
     CONTROL_KEY,

@@ -345,7 +345,12 @@ def detector_ms(replicas: int, rounds: int = 3) -> float:
     peer median looks at every replica). The load windows do not reach that state: the burst's
     replicas stay requeued in the in-memory Slurm, and no sample is evidence while any replica
     recovers."""
-    from runtime.control.straggler import DetectorState, StragglerConfig, TimingSample, observe
+    from runtime.control.straggler.detect import (
+        DetectorState,
+        StragglerConfig,
+        TimingSample,
+        observe,
+    )
 
     config = StragglerConfig()
     state = DetectorState()

@@ -37,7 +37,7 @@ from control_harness import cancel, fthsdp, replicas, write_spec  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from prolog_epilog import dev_health  # noqa: E402
-from runtime.control.journal import Journal  # noqa: E402
+from runtime.control.journal.store import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 from slurm.backend import make_backend  # noqa: E402
 

@@ -32,7 +32,7 @@ from test_spares_full_cluster import _run  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from prolog_epilog import dev_health  # noqa: E402
-from runtime.control.journal import Journal  # noqa: E402
+from runtime.control.journal.store import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
 PHASES = ("detect_s", "move_s", "start_s", "participating_s")

@@ -210,7 +210,7 @@ def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
 
 
 def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, Any]) -> bool:
-    from runtime.control.journal import Journal
+    from runtime.control.journal.store import Journal
     from runtime.control.policy import Requeue
     from runtime.verdict import check_ledger, final_weights_agree
     from slurm.backend import make_backend

@@ -64,8 +64,13 @@ from torch import nn
 from runtime import ledger, rendezvous
 from runtime.api_files import FINISHED_MARKER
 from runtime.control.report import ExitCode
+from runtime.control.straggler.steptiming import (
+    SLOW_FACTOR_ENV,
+    SlowFault,
+    StepTimer,
+    rank_timing_every,
+)
 from runtime.env import EnvError, WorkerEnv, parse_env
-from runtime.steptiming import SLOW_FACTOR_ENV, SlowFault, StepTimer, rank_timing_every
 
 log = logging.getLogger("fthsdp.runtime")
 
@@ -174,7 +179,8 @@ class FTHSDP:
         self._quorum_error: Exception | None = None
         self._heal_snapshot: dict[str, Any] | None = None
         self._step_times: list[float] = []
-        # Straggler measurements (runtime.steptiming): own compute vs. cross-replica wait.
+        # Straggler measurements (runtime.control.straggler.steptiming): own compute vs.
+        # cross-replica wait.
         self._timer = StepTimer()
         try:
             self._slow = SlowFault.from_env(os.environ)

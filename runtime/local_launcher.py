@@ -199,7 +199,9 @@ class LocalLauncher:
         self._next_chaos: float | None = None
         self._any_done = False
         self._t0 = 0.0
-        from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerMonitor
+        from runtime.control.straggler.detect import StragglerConfig
+        from runtime.control.straggler.evict import EvictionConfig
+        from runtime.control.straggler.monitor import StragglerMonitor
 
         self.stragglers = StragglerMonitor(
             StragglerConfig(
@@ -358,7 +360,7 @@ class LocalLauncher:
     # ---------------------------------------------------------------- stragglers
     def _recovering(self, replica: int) -> tuple[int, ...]:
         """The other replicas starting, dead, healing, or training again for less than the
-        hold (`runtime.control.straggler.recovering_replicas`' local counterpart)."""
+        hold (`runtime.control.straggler.service.recovering_replicas`' local counterpart)."""
         hold = self.cfg.straggler_recovery_hold_s
         now = time.monotonic()
         return tuple(
@@ -374,7 +376,7 @@ class LocalLauncher:
         )
 
     def _observe_timing(self, rs: LocalReplica, ev: dict[str, Any]) -> None:
-        from runtime.control.straggler import TimingSample
+        from runtime.control.straggler.detect import TimingSample
 
         compute = ev.get("compute_s")
         self.stragglers.observe_sample(

@@ -33,7 +33,7 @@ from test_control_security import RecordingBackend
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.guard import GuardConfig
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import PolicyConfig, ReportReceived
 from runtime.control.report import (
     CONTROL_KEY,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until, write_spec
 
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import Requeue
 from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend

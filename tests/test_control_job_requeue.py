@@ -42,7 +42,7 @@ from control_harness import (
     write_spec,
 )
 
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import Cancel, Drain, Release, Requeue
 from runtime.control.service import previous_ports
 from runtime.env import read_control

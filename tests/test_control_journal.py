@@ -29,7 +29,7 @@ from control_harness import (
     wait_for,
 )
 
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import (
     Event,
     PolicyConfig,
@@ -230,7 +230,7 @@ def test_compaction_keeps_state_and_decisions_and_bounds_the_journal(tmp_path: P
 _COMPACT_CHILD = """
 import sys
 from pathlib import Path
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import PolicyConfig
 journal = Journal(Path(sys.argv[1]))
 n = int(sys.argv[2])
@@ -286,7 +286,8 @@ def test_kill_9_during_compaction_loses_no_decision(tmp_path: Path) -> None:
 _GROUP_CHILD = """
 import asyncio, sys
 from pathlib import Path
-from runtime.control.journal import GroupWriter, Journal, transient
+from runtime.control.journal.store import Journal
+from runtime.control.journal.writer import GroupWriter, transient
 from runtime.control.policy import PolicyConfig, RunState, step
 sys.path.insert(0, sys.argv[2])
 from test_control_journal import JOB_IDS, REPLICAS, _traffic
@@ -360,7 +361,7 @@ def test_group_writer_batches_ids_nonces_and_refuses_after_a_failed_commit(
     """Ids are handed out in queue order and commits are grouped; a nonce is a replay while
     queued and after its commit; a commit that fails (a table gone) fails its waiters, and
     every later write is refused with `JournalUnavailable`, never committed after the gap."""
-    from runtime.control.journal import GroupWriter, JournalUnavailable, transient
+    from runtime.control.journal.writer import GroupWriter, JournalUnavailable, transient
 
     path = tmp_path / "control.sqlite"
 

@@ -160,7 +160,7 @@ async def _compacting(run_dir: Path) -> dict[str, Any]:
 def test_compaction_through_the_group_writer_keeps_the_state(tmp_path: Path) -> None:
     """The coordinator's snapshots go through the writer thread (serialised there, behind the
     events they cover): the journal shrinks and a restart replays to the same state."""
-    from runtime.control.journal import Journal
+    from runtime.control.journal.store import Journal
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -27,7 +27,7 @@ from test_control_e2e import requeues_in_journal
 
 from prolog_epilog import dev_health
 from runtime.control.inject import inject
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 from slurm.run_dir import read_run

@@ -10,15 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-from runtime.control.straggler import (
+from runtime.control.straggler.detect import StragglerVerdict
+from runtime.control.straggler.evict import (
     EvictionConfig,
     RunContext,
-    StragglerVerdict,
     decide,
-    recovering_replicas,
     requeue_cost,
     run_slowdown,
 )
+from runtime.control.straggler.service import recovering_replicas
 
 # Replica 1 computes in 0.4 s against its peers' 0.2 s; the run steps in 0.45 s (0.05 s of
 # allreduce), so without it the run would step in 0.25 s: slowdown 0.8.

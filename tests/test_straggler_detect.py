@@ -8,21 +8,33 @@ pure detector in arrival order. The default window is 50 steps or 5 minutes.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import pytest
 
-from runtime.control.straggler import (
+from runtime.control.straggler.detect import (
     DetectorState,
     StragglerConfig,
     TimingSample,
     observe,
-    observe_all,
     slowest_rank_node,
     stragglers,
     verdicts,
 )
+
+
+def observe_all(
+    samples: Iterable[TimingSample],
+    config: StragglerConfig | None = None,
+    state: DetectorState | None = None,
+) -> DetectorState:
+    """Fold `samples` into `state` (a fresh one by default), in order."""
+    state = state or DetectorState()
+    for sample in samples:
+        state = observe(state, sample, config)
+    return state
+
 
 # factor(replica, step) -> compute multiplier; None means "no compute time in that report".
 Slowness = Callable[[int, int], float | None]

@@ -2,8 +2,9 @@
 
 The run of `test_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the control
 job + one spare node) on the health-gated cluster, whose TaskProlog has every rank read its node's
-simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`, `runtime.steptiming`), with
-a short straggler window (`train.straggler_window_steps`) and `straggler_mode = "drain"`.
+simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`,
+`runtime.control.straggler.steptiming`), with a short straggler window
+(`train.straggler_window_steps`) and `straggler_mode = "drain"`.
 `fthsdp cluster inject <replica 1's node> --fault slow=3` makes replica 1 compute at a third of
 its speed: nothing fails, the others wait for it in every allreduce. The coordinator's straggler
 monitor must see it, and since the slowdown over the remaining steps costs more than a requeue,
@@ -36,7 +37,7 @@ from control_harness import (
 )
 
 from runtime.control.client import fetch_state
-from runtime.control.journal import Journal
+from runtime.control.journal.store import Journal
 from runtime.control.policy import Requeue, StragglerEviction
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from fthsdp_cli.main import cli
 from runtime.control.inject import heal, inject, node_faults
-from runtime.steptiming import SLOW_FILE_ENV, SlowFault
+from runtime.control.straggler.steptiming import SLOW_FILE_ENV, SlowFault
 from slurm.errors import InputError
 
 

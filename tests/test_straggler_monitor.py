@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from runtime.control.report import ReplicaReport
-from runtime.control.straggler import EvictionConfig, StragglerMonitor, describe
+from runtime.control.straggler.detect import describe
+from runtime.control.straggler.evict import EvictionConfig
+from runtime.control.straggler.monitor import StragglerMonitor
 
 
 def feed(

@@ -13,7 +13,9 @@ import pytest
 from runtime.control.coordinator import load_run_settings, straggler_config
 from runtime.control.policy import PolicyConfig, RunState, StragglerEviction
 from runtime.control.report import ReplicaReport
-from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.control.straggler.detect import StragglerConfig
+from runtime.control.straggler.evict import EvictionConfig
+from runtime.control.straggler.service import StragglerService
 from slurm.errors import InputError
 from slurm.spec import parse_spec
 

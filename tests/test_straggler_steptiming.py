@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.steptiming import (
+from runtime.control.straggler.steptiming import (
     SLOW_FACTOR_ENV,
     SLOW_FILE_ENV,
     SlowFault,

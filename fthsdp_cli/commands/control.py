@@ -174,7 +174,7 @@ def control(
     from runtime.control import coordinator as coord
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
-    from runtime.control.straggler import EvictionMode
+    from runtime.control.straggler.evict import EvictionMode
     from slurm.errors import InputError
     from slurm.run_dir import check_control_inputs
 

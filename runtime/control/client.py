@@ -14,7 +14,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
+from runtime.control.journal.describe import JournalEntry
+from runtime.control.journal.schema import JOURNAL_FILE
+from runtime.control.journal.store import Journal
 from runtime.control.report import CONTROL_KEY, read_secret, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError

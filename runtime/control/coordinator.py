@@ -24,7 +24,7 @@ Endpoints (aiohttp; no hand-written HTTP):
 Every connection serves one request and sits behind `runtime.control.guard` (header and body
 deadlines, a connection cap that evicts half-open connections first).
 
-Stragglers (`runtime.control.straggler.StragglerService`): every accepted report also feeds the
+Stragglers (`runtime.control.straggler.service`): every accepted report also feeds the
 straggler monitor; an eviction it decides goes through the policy as a `StragglerEviction`
 event (tier 2: drain with `fthsdp: straggler: <node> <factor>x`, requeue).
 
@@ -61,13 +61,9 @@ from runtime.control.guard import (
     one_request_per_connection,
     raise_open_files,
 )
-from runtime.control.journal import (
-    GroupWriter,
-    Journal,
-    JournalUnavailable,
-    StoredAction,
-    transient,
-)
+from runtime.control.journal.schema import StoredAction
+from runtime.control.journal.store import Journal
+from runtime.control.journal.writer import GroupWriter, JournalUnavailable, transient
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
@@ -106,7 +102,9 @@ from runtime.control.report import (
 from runtime.control.spares import SpareManager
 from runtime.control.spares import carry_out as spares_carry_out
 from runtime.control.spares import on_poll as spares_on_poll
-from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.control.straggler.detect import StragglerConfig
+from runtime.control.straggler.evict import EvictionConfig
+from runtime.control.straggler.service import StragglerService
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.hostlist import job_nodes

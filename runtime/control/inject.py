@@ -8,8 +8,8 @@ per node in `faults.json` until `heal` writes the node healthy again.
 
 `slow[=FACTOR]` is a gray failure (a throttled GPU): it writes `root/node/slow` with the factor,
 which the replica ranks on that node read through `FTHSDP_SLOW_FILE=<root>/{node}/slow`
-(`runtime.steptiming`) and run that much slower; nothing fails, only the straggler detector sees
-it. `heal` removes it.
+(`runtime.control.straggler.steptiming`) and run that much slower; nothing fails, only the
+straggler detector sees it. `heal` removes it.
 
 `kill` has no hardware sign: it SIGKILLs the replica's training processes on that node (the tasks
 of the supervisor's srun step), which is a process fault: tier 1, relaunch in place. Several dev
@@ -108,7 +108,7 @@ def inject(
 
 
 def _inject_slow(root: Path, node: str, arg: str, fault: str) -> list[str]:
-    from runtime.steptiming import parse_factor
+    from runtime.control.straggler.steptiming import parse_factor
 
     try:
         factor = parse_factor(arg) if arg else DEFAULT_SLOW_FACTOR

@@ -38,7 +38,7 @@ from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
 if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
     from runtime.control.coordinator import Coordinator
-    from runtime.control.journal import StoredAction
+    from runtime.control.journal.schema import StoredAction
 
 log = logging.getLogger("fthsdp.spares")
 

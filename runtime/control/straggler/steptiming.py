@@ -13,7 +13,7 @@ named by `FTHSDP_SLOW_FILE` (`{node}` in it is this node's name; re-read at most
 so a fault can be injected into and removed from a running replica: `fthsdp cluster inject NODE
 --fault slow=2` writes it for a dev node). The rank then stretches each step's compute by
 sleeping (FACTOR - 1) x its measured compute, which is how a throttled GPU looks from outside.
-No torch here: the worker calls in.
+No torch here, and nothing of the control plane: the worker calls in.
 """
 
 from __future__ import annotations

@@ -1,0 +1,436 @@
+"""Straggler detection, as pure functions over plain data.
+
+Detection (`observe`) compares each replica's own compute time per step (forward, backward and
+the local reduce-scatter, without the cross-replica wait, so a replica waiting for the straggler
+does not look slow itself) with the median of the other replicas' latest compute times, and with
+its own recent pace (the median of its last `own_window` normal samples; a sample slower
+against its peers than the replica stood among them at its start is not normal, so a slowdown
+that creeps in is never learned as the pace). A sample is slow only when it is `factor` times
+slower than both: a replica that got no slower while its peers sped up
+(or whose peers share one busy CPU, as on the dev cluster) is not a straggler, and a replica
+without `min_own_samples` of its own pace is no evidence yet. A replica
+becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
+sustained window (`window_steps` steps or `window_s` seconds, whichever comes first) with at
+least `min_fraction_above` of the episode's samples at or above `factor`. Hysteresis in level
+and time: an episode survives ratios down to `clear_factor`, and ends only after
+`clear_samples` consecutive samples below it; a flagged straggler is cleared the same way.
+Several guards keep bad data from ever triggering:
+
+* only monotonic receive times are used (the report's wall-clock `sent_at` is ignored); time that
+  runs backwards, or a gap between two samples longer than `max_gap_s`, restarts the episode;
+* samples without a compute time, peers whose latest sample is older than `max_age_s`, and too
+  few peers (`min_peers`) count as no evidence at all;
+* healing (catch-up) steps are ignored, for the replica itself and as a peer, and so are the
+  first `ignore_after_heal_steps` steps after healing or after a new incarnation (warm-up);
+* a duplicate or late (reordered) report, one whose step is not past the replica's latest, is
+  dropped;
+* while another replica is recovering (starting, healing, or within `recovery_hold_s` of
+  training again), samples are no evidence and no eviction is decided: a replacement's start
+  and catch-up load the machine and the network, and every step waits for it anyway.
+
+The slow *node* is the node of the replica's slowest rank: ranks are laid out in blocks over the
+replica's nodes (Slurm's default block distribution), `tasks_per_node` ranks on each.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runtime.control.report import ReplicaReport
+
+VerdictState = Literal["ok", "suspect", "straggler"]
+#: Ratios kept per episode (the median is taken over these); bounds memory on long episodes.
+_MAX_EPISODE_RATIOS = 512
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Detection thresholds. Defaults follow issue 8: 1.5x for 50 steps or 5 minutes."""
+
+    factor: float = 1.5
+    clear_factor: float = 1.25
+    window_steps: int = 50
+    window_s: float = 300.0
+    #: The time-based window also needs this many samples (a few slow reports are not a trend).
+    min_window_samples: int = 5
+    #: Share of an episode's samples that must be at or above `factor` for it to count: robust
+    #: both to one huge outlier and to a ratio that flaps around the threshold.
+    min_fraction_above: float = 0.75
+    #: Consecutive samples below `clear_factor` that end an episode or clear a straggler.
+    clear_samples: int = 3
+    #: A peer's latest sample older than this (monotonic seconds) is not used for the median.
+    max_age_s: float = 120.0
+    #: Two samples of one replica further apart than this break its episode (missing data).
+    max_gap_s: float = 120.0
+    min_peers: int = 1
+    ignore_after_heal_steps: int = 1
+    #: The replica's own recent pace: the median of its last this many normal samples ...
+    own_window: int = 20
+    #: ... once it has at least this many; before that its samples are no evidence.
+    min_own_samples: int = 3
+    #: A replica that trains again after a recovery holds detection and eviction this long.
+    recovery_hold_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1.0:
+            raise ValueError(f"factor must be > 1, got {self.factor}")
+        if not 1.0 <= self.clear_factor <= self.factor:
+            raise ValueError(f"clear_factor must be in [1, factor], got {self.clear_factor}")
+        if self.window_steps < 1 or self.window_s <= 0 or self.clear_samples < 1:
+            raise ValueError("window_steps, window_s and clear_samples must be positive")
+        if self.own_window < 1 or not 1 <= self.min_own_samples <= self.own_window:
+            raise ValueError("own_window >= 1 and 1 <= min_own_samples <= own_window")
+        if not self.recovery_hold_s >= 0:
+            raise ValueError(f"recovery_hold_s must be >= 0, got {self.recovery_hold_s}")
+
+
+@dataclass(frozen=True)
+class TimingSample:
+    """The timing part of one leader report, stamped with the coordinator's monotonic clock."""
+
+    replica: int
+    step: int
+    received_at: float
+    compute_s: float | None
+    incarnation: str = ""
+    healing: bool = False
+    step_time_s: float | None = None
+    allreduce_wait_s: float | None = None
+    nodes: tuple[str, ...] = ()
+    rank_compute_s: tuple[float, ...] = ()
+    tasks_per_node: int | None = None
+
+    @classmethod
+    def from_report(cls, report: ReplicaReport, received_at: float) -> TimingSample:
+        """The timing fields of one leader report."""
+        return cls(
+            replica=report.replica,
+            step=report.step,
+            received_at=received_at,
+            compute_s=report.compute_s,
+            incarnation=report.incarnation,
+            healing=report.healing,
+            step_time_s=report.step_time_s,
+            allreduce_wait_s=report.allreduce_wait_s,
+            nodes=tuple(report.nodes),
+            rank_compute_s=tuple(report.rank_compute_s),
+        )
+
+    @property
+    def usable(self) -> bool:
+        c = self.compute_s
+        return not self.healing and c is not None and c > 0 and c == c and c != float("inf")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A run of samples in which the replica was slower than `clear_factor` x its peers."""
+
+    start_step: int
+    start_t: float
+    last_step: int
+    last_t: float
+    ratios: tuple[float, ...]
+    below: int = 0  # consecutive samples below clear_factor
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    def fraction_above(self, factor: float) -> float:
+        return sum(r >= factor for r in self.ratios) / len(self.ratios)
+
+
+@dataclass(frozen=True)
+class ReplicaTrack:
+    latest: TimingSample
+    episode: Episode | None = None
+    flagged: bool = False
+    #: Samples up to and including this step are warm-up after healing or a new incarnation.
+    ignore_until_step: int = -1
+    last_ratio: float | None = None
+    peer_median_s: float | None = None
+    #: Compute times of the replica's latest normal samples (outside any episode).
+    own: tuple[float, ...] = ()
+    own_pace_s: float | None = None
+    #: Compute time / the peers' median over the incarnation's first normal samples: where it
+    #: stands among them when healthy (fixed once `own_window` samples are known).
+    rel: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class DetectorState:
+    tracks: Mapping[int, ReplicaTrack] = field(default_factory=dict)
+    #: The latest monotonic time seen; a smaller `received_at` later means the clock jumped back.
+    clock: float = float("-inf")
+
+
+@dataclass(frozen=True)
+class StragglerVerdict:
+    replica: int
+    state: VerdictState
+    #: Median of the replica's compute time / the median of its peers over the episode.
+    factor: float | None = None
+    compute_s: float | None = None
+    peer_median_s: float | None = None
+    since_step: int | None = None
+    duration_s: float | None = None
+    steps: int | None = None
+    slow_rank: int | None = None
+    slow_node: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "state": self.state,
+            "factor": None if self.factor is None else round(self.factor, 3),
+            "compute_s": self.compute_s,
+            "peer_median_s": self.peer_median_s,
+            "since_step": self.since_step,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+            "steps": self.steps,
+            "slow_rank": self.slow_rank,
+            "slow_node": self.slow_node,
+        }
+
+
+def slowest_rank_node(
+    nodes: Sequence[str], rank_compute_s: Sequence[float], tasks_per_node: int | None = None
+) -> tuple[int | None, str | None]:
+    """(slowest rank, its node) under block distribution; node None when the layout is unknown.
+
+    A one-node replica's slow node is that node even without per-rank times.
+    """
+    rank: int | None = None
+    if rank_compute_s:
+        rank = max(range(len(rank_compute_s)), key=lambda r: rank_compute_s[r])
+    if len(nodes) == 1:
+        return rank, nodes[0]
+    if rank is None or not nodes:
+        return rank, None
+    per_node = tasks_per_node
+    if per_node is None:
+        if len(rank_compute_s) % len(nodes):
+            return rank, None
+        per_node = len(rank_compute_s) // len(nodes)
+    index = rank // per_node if per_node > 0 else len(nodes)
+    return rank, nodes[index] if index < len(nodes) else None
+
+
+def _peer_median(
+    tracks: Mapping[int, ReplicaTrack], replica: int, now: float, config: StragglerConfig
+) -> float | None:
+    peers = [
+        t.latest.compute_s
+        for r, t in tracks.items()
+        if r != replica
+        and t.latest.usable
+        and t.latest.step > t.ignore_until_step
+        and 0 <= now - t.latest.received_at <= config.max_age_s
+        and t.latest.compute_s is not None
+    ]
+    if len(peers) < config.min_peers:
+        return None
+    return statistics.median(peers)
+
+
+def _own_pace(track: ReplicaTrack, config: StragglerConfig) -> float | None:
+    """The replica's own recent compute time per step; None until enough samples are known."""
+    if len(track.own) < config.min_own_samples:
+        return None
+    return statistics.median(track.own)
+
+
+def _learn_pace(
+    track: ReplicaTrack,
+    old: ReplicaTrack,
+    sample: TimingSample,
+    median: float | None,
+    config: StragglerConfig,
+) -> ReplicaTrack:
+    """While other replicas recover: a sample still teaches the replica's own pace, unless it is
+    `clear_factor` slower than the pace already known or than its standing among its peers
+    (a slowdown that starts meanwhile is not absorbed as the new normal), or an episode is
+    open."""
+    own = _own_pace(old, config)
+    compute = sample.compute_s
+    if compute is None or old.episode is not None:
+        return track
+    if own is not None and compute >= config.clear_factor * own:
+        return track
+    return _learn_normal(track, old, compute, median, config)
+
+
+def _learn_normal(
+    track: ReplicaTrack,
+    old: ReplicaTrack,
+    compute_s: float,
+    median: float | None,
+    config: StragglerConfig,
+) -> ReplicaTrack:
+    """Teach the replica's own pace a sample taken outside any episode, unless the sample is
+    `clear_factor` slower against its peers than the replica stood among them at its start.
+
+    A moving reference follows a slowdown that creeps in (a GPU throttling by degrees, each step
+    a little slower than the median of the last ones) until it is the new normal and never
+    flagged. The standing among its peers over the incarnation's first `own_window` samples
+    is fixed, and still lets a replica that always ran behind them (a slower part, a busier
+    shared CPU) learn its own pace."""
+    if median is not None and median > 0:
+        rel = compute_s / median
+        start = statistics.median(old.rel) if old.rel else 1.0
+        if rel >= config.clear_factor * max(1.0, start):
+            return track
+        if len(old.rel) < config.own_window:
+            track = replace(track, rel=(*old.rel, rel))
+    return replace(track, own=(*old.own, compute_s)[-config.own_window :])
+
+
+def _sustained(ep: Episode, config: StragglerConfig) -> bool:
+    if ep.fraction_above(config.factor) < config.min_fraction_above:
+        return False
+    # A window of N steps is N slow steps, the first and the last included.
+    if ep.last_step - ep.start_step + 1 >= config.window_steps:
+        return True
+    return ep.last_t - ep.start_t >= config.window_s and len(ep.ratios) >= config.min_window_samples
+
+
+def _advance(
+    track: ReplicaTrack, sample: TimingSample, ratio: float, config: StragglerConfig
+) -> ReplicaTrack:
+    """Move one replica's episode and flag by one usable sample with a known ratio."""
+    ep = track.episode
+    if ep is not None and sample.received_at - ep.last_t > config.max_gap_s:
+        ep = None  # missing data: the trend is not known to have held through the gap
+    flagged = track.flagged
+    if ratio >= config.clear_factor:
+        if ep is None:
+            if ratio >= config.factor:
+                ep = Episode(
+                    sample.step, sample.received_at, sample.step, sample.received_at, (ratio,)
+                )
+        else:
+            ratios = (*ep.ratios, ratio)[-_MAX_EPISODE_RATIOS:]
+            ep = replace(
+                ep, last_step=sample.step, last_t=sample.received_at, ratios=ratios, below=0
+            )
+    elif ep is not None:
+        below = ep.below + 1
+        ep = (
+            None
+            if below >= config.clear_samples
+            else replace(ep, last_step=sample.step, last_t=sample.received_at, below=below)
+        )
+    if ep is None:
+        flagged = False
+    elif not flagged and _sustained(ep, config):
+        flagged = True
+    return replace(track, latest=sample, episode=ep, flagged=flagged, last_ratio=ratio)
+
+
+def observe(
+    state: DetectorState,
+    sample: TimingSample,
+    config: StragglerConfig | None = None,
+    evidence: bool = True,
+) -> DetectorState:
+    """Fold one sample into the detector state (returns a new state; the old one is unchanged).
+
+    With `evidence=False` (another replica is recovering) the sample only becomes the replica's
+    latest and, unless it is slow against it, teaches the replica's own pace: it never advances
+    an episode.
+    """
+    config = config or StragglerConfig()
+    tracks = dict(state.tracks)
+    clock = state.clock
+    if sample.received_at < clock:
+        # The monotonic clock went backwards (e.g. the coordinator moved host): no time-based
+        # evidence survives it, and nothing may trigger from it.
+        tracks = {r: replace(t, episode=None, flagged=False) for r, t in tracks.items()}
+    clock = sample.received_at
+    old = tracks.get(sample.replica)
+    same = old is not None and old.latest.incarnation == sample.incarnation
+    if same and old is not None and sample.step <= old.latest.step:
+        # A duplicate or a late (reordered) report: nothing new, and never a trigger.
+        return DetectorState(tracks, clock)
+    if old is None or old.latest.incarnation != sample.incarnation:
+        track = ReplicaTrack(
+            latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
+        )
+        if old is None and not sample.healing:
+            track = replace(track, ignore_until_step=-1)
+        tracks[sample.replica] = track
+        return DetectorState(tracks, clock)
+    if sample.healing:
+        tracks[sample.replica] = replace(
+            old, latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
+        )
+        return DetectorState(tracks, clock)
+    if not evidence or not sample.usable or sample.step <= old.ignore_until_step:
+        # No evidence either way; keep the episode (the gap rule ends it if data stays away).
+        track = replace(old, latest=sample)
+        if not evidence and sample.usable and sample.step > old.ignore_until_step:
+            median = _peer_median(tracks, sample.replica, sample.received_at, config)
+            track = _learn_pace(track, old, sample, median, config)
+        tracks[sample.replica] = track
+        return DetectorState(tracks, clock)
+    assert sample.compute_s is not None
+    median = _peer_median(tracks, sample.replica, sample.received_at, config)
+    own = _own_pace(old, config)
+    if median is None or median <= 0 or own is None or own <= 0:
+        track = replace(old, latest=sample, last_ratio=None, peer_median_s=median, own_pace_s=own)
+    else:
+        # Slow against the others *and* against its own recent pace: the smaller ratio counts.
+        ratio = min(sample.compute_s / median, sample.compute_s / own)
+        track = replace(_advance(old, sample, ratio, config), peer_median_s=median, own_pace_s=own)
+    if track.episode is None:
+        track = _learn_normal(track, old, sample.compute_s, median, config)
+    tracks[sample.replica] = track
+    return DetectorState(tracks, clock)
+
+
+def verdicts(state: DetectorState) -> list[StragglerVerdict]:
+    """One verdict per known replica, by replica id."""
+    return [_verdict(replica, state.tracks[replica]) for replica in sorted(state.tracks)]
+
+
+def _verdict(replica: int, t: ReplicaTrack) -> StragglerVerdict:
+    ep = t.episode
+    if ep is None:
+        return StragglerVerdict(replica, "ok", t.last_ratio, t.latest.compute_s, t.peer_median_s)
+    rank, node = slowest_rank_node(t.latest.nodes, t.latest.rank_compute_s, t.latest.tasks_per_node)
+    return StragglerVerdict(
+        replica=replica,
+        state="straggler" if t.flagged else "suspect",
+        factor=ep.median_ratio,
+        compute_s=t.latest.compute_s,
+        peer_median_s=t.peer_median_s,
+        since_step=ep.start_step,
+        duration_s=ep.last_t - ep.start_t,
+        steps=ep.last_step - ep.start_step,
+        slow_rank=rank,
+        slow_node=node,
+    )
+
+
+def stragglers(state: DetectorState) -> list[StragglerVerdict]:
+    """The flagged replicas' verdicts, by replica id (asked after every report: only the
+    flagged tracks are turned into verdicts)."""
+    flagged = [k for k, t in state.tracks.items() if t.flagged and t.episode is not None]
+    return [_verdict(k, state.tracks[k]) for k in sorted(flagged)]
+
+
+def describe(verdict: StragglerVerdict) -> str:
+    """One short line for `fthsdp status`: `straggler 2.0x node4 (52 steps)`."""
+    if verdict.state == "ok":
+        return "ok"
+    text = f"{verdict.state} {verdict.factor or 0.0:.1f}x"
+    if verdict.slow_node:
+        text += f" {verdict.slow_node}"
+    if verdict.steps is not None:
+        text += f" ({verdict.steps} steps, {verdict.duration_s or 0.0:.0f}s)"
+    return text
