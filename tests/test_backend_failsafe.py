@@ -326,9 +326,9 @@ def test_coordinator_actions_do_nothing_on_unreadable_answers(tmp_path: Path, wh
     try:
         action: Callable[[], object]
         if what == "nodes":
-            action = lambda: coord._execute(Drain("node3", OUR_REASON, 0), False)  # noqa: E731
+            action = lambda: coord.executor.execute(Drain("node3", OUR_REASON, 0), False)  # noqa: E731
         else:
-            action = lambda: coord._execute(Requeue(0, "1", 0), False)  # noqa: E731
+            action = lambda: coord.executor.execute(Requeue(0, "1", 0), False)  # noqa: E731
         with pytest.raises(SlurmOutputError, match=r"Slurm 24\.11\.5"):
             action()
     finally:

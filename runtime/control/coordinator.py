@@ -2,8 +2,9 @@
 
 It is the I/O shell around the pure policy (`runtime.control.policy`): requests and timers become
 events, each event is stored in the journal together with the actions the policy decided, and
-only then are the Slurm actions carried out (drain, requeue, release, cancel) through
-`slurm.backend`, in a worker thread, with bounded retries and backoff, each attempt journaled.
+only then are the Slurm actions carried out (drain, requeue, release, cancel) by the Slurm
+executor (`runtime.control.executor`), in a worker thread, with bounded retries and backoff,
+each attempt journaled.
 
 Endpoints (aiohttp; no hand-written HTTP):
 
@@ -54,6 +55,7 @@ import hostlist
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from runtime.control.executor import SlurmExecutor
 from runtime.control.guard import (
     ConnectionGuard,
     GuardConfig,
@@ -72,9 +74,7 @@ from runtime.control.journal import transient as transient_event
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import (
     SLURM_ACTIONS,
-    Cancel,
     CoordinatorStarted,
-    Drain,
     Event,
     JobObserved,
     OperatorRequeue,
@@ -82,7 +82,6 @@ from runtime.control.policy import (
     Release,
     ReplicaState,
     ReportReceived,
-    Requeue,
     RunState,
     Tick,
     directive_for,
@@ -176,20 +175,6 @@ def straggler_config(
         )
     except ValueError as exc:
         raise InputError("train.straggler_*", str(exc), "factor > 1, positive windows") from None
-
-
-#: Failures worth retrying: Slurm busy or restarting, a command that timed out.
-_TRANSIENT = (
-    "Unable to contact",
-    "Socket timed out",
-    "Connection refused",
-    "temporarily",
-    "timed out",
-)
-
-
-def transient(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _TRANSIENT)
 
 
 #: Policy phases of a replica that will not train again in this run.
@@ -301,7 +286,7 @@ def node_address() -> str:
 
 
 class Coordinator:
-    """State, journal and Slurm executor of one run's control plane."""
+    """State and journal of one run's control plane; its Slurm actions go to `executor`."""
 
     def __init__(
         self,
@@ -312,6 +297,13 @@ class Coordinator:
         self.config = config
         self.secret = ensure_secret(config.run_dir)
         self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
+        #: Carries out the journaled Slurm actions (`runtime.control.executor`).
+        self.executor = SlurmExecutor(
+            self.backend,
+            retries=config.action_retries,
+            backoff_s=config.action_backoff_s,
+            backoff_max_s=config.action_backoff_max_s,
+        )
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
@@ -544,7 +536,6 @@ class Coordinator:
 
     async def _carry_out(self, group: list[StoredAction]) -> None:
         """Run one decision's Slurm actions in order, each with retries and backoff."""
-        loop = asyncio.get_running_loop()
         for stored in group:
             action = stored.action
             if isinstance(action, Release) and action.delay_s > 0:
@@ -552,56 +543,7 @@ class Coordinator:
             resumed = stored.status == "started"
             if self.spares is not None and await spares_carry_out(self, stored, resumed):
                 continue  # moved into a spare slot, or requeued with the pool's reason
-            await self.attempt(stored.id, "started", "resumed after restart" if resumed else "")
-            for attempt in range(self.config.action_retries):
-                try:
-                    outcome, detail = await loop.run_in_executor(
-                        None, self._execute, action, resumed
-                    )
-                except (InputError, EnvironmentProblem) as exc:
-                    # Refused before Slurm was asked (a bad node name, Slurm not usable):
-                    # retrying cannot help.
-                    await self.attempt(stored.id, "failed", str(exc))
-                    log.error("giving up on %s: %s", action, exc)
-                    break
-                except SlurmCommandError as exc:
-                    if attempt + 1 >= self.config.action_retries or not transient(exc):
-                        await self.attempt(stored.id, "failed", str(exc))
-                        log.error("giving up on %s: %s", action, exc)
-                        break
-                    await self.attempt(stored.id, "retry", str(exc))
-                    delay = min(
-                        self.config.action_backoff_s * 2**attempt,
-                        self.config.action_backoff_max_s,
-                    )
-                    await asyncio.sleep(delay)
-                else:
-                    await self.attempt(stored.id, outcome, detail)
-                    break
-
-    def _execute(self, action: Any, resumed: bool) -> tuple[str, str]:
-        """Carry out one Slurm action (in a worker thread); returns (outcome, detail)."""
-        b = self.backend
-        if isinstance(action, Drain):
-            ok = b.drain(action.node, action.reason)
-            return ("done", "drained") if ok else ("skipped", "drained by someone else")
-        if isinstance(action, Requeue):
-            current = _lead(b, action.job_id)
-            if current and current[0].restarts > action.restarts:
-                return ("skipped", f"already requeued (restart count {current[0].restarts})")
-            if current and current[0].state.upper() == "PENDING":
-                return ("skipped", "job is pending, nothing to requeue")
-            b.requeue(action.job_id)
-            return ("done", "requeued" + (" (after restart)" if resumed else ""))
-        if isinstance(action, Release):
-            # The backend waits for the requeued job to settle back to PENDING first.
-            b.release(action.job_id, exclude=action.exclude)
-            excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
-            return ("done", f"eligible now{excluded}")
-        if isinstance(action, Cancel):
-            b.cancel([action.job_id])
-            return ("done", "cancelled")
-        return ("skipped", f"not a Slurm action: {action}")
+            await self.executor.carry_out(stored, resumed, self.attempt)
 
     # -- views --------------------------------------------------------------------------------
 
@@ -656,11 +598,6 @@ def _expand(nodes: str) -> list[str]:
 def _expand_once(nodes: str) -> tuple[str, ...]:
     """`_expand`, remembered: every poll sees the same hostlists again."""
     return tuple(_expand(nodes))
-
-
-def _lead(backend: SlurmBackend, job_id: str) -> list[Any]:
-    """The squeue record of a job (its het component 0), as a list of at most one."""
-    return [j for j in backend.jobs([job_id]) if j.base_id == job_id and j.het_offset == 0][:1]
 
 
 # -- HTTP ------------------------------------------------------------------------------------

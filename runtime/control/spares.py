@@ -459,7 +459,9 @@ async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> 
     if move is None:
         await coord.attempt(stored.id, "started", why)
         try:
-            outcome, detail = await loop.run_in_executor(None, coord._execute, action, resumed)
+            outcome, detail = await loop.run_in_executor(
+                None, coord.executor.execute, action, resumed
+            )
         except (SlurmCommandError, InputError, EnvironmentProblem):
             return False  # the caller's loop retries and journals the error
         await coord.attempt(stored.id, outcome, f"{detail}; {why}")
