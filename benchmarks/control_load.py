@@ -107,8 +107,9 @@ class MemoryBackend:
 
 
 async def serve(run_dir: Path, replicas: int) -> None:
-    from runtime.control.coordinator import CoordinatorConfig, start_coordinator
+    from runtime.control.coordinator import start_coordinator
     from runtime.control.policy import PolicyConfig
+    from runtime.control.settings import CoordinatorConfig
 
     policy = PolicyConfig(
         replicas=replicas, min_replicas=1, report_timeout_s=3600.0, start_timeout_s=3600.0

@@ -315,8 +315,9 @@ def test_manual_requeue_without_coordinator_does_nothing_on_unreadable_node(
 
 @pytest.mark.parametrize("what", ["nodes", "jobs"])
 def test_coordinator_actions_do_nothing_on_unreadable_answers(tmp_path: Path, what: str) -> None:
-    from runtime.control.coordinator import Coordinator, CoordinatorConfig
+    from runtime.control.coordinator import Coordinator
     from runtime.control.policy import Drain, PolicyConfig, Requeue
+    from runtime.control.settings import CoordinatorConfig
 
     backend = ScriptedBackend("24.11", **{what: UNKNOWN})  # type: ignore[arg-type]
     run = tmp_path / "run"

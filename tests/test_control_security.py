@@ -16,7 +16,6 @@ import aiohttp
 import pytest
 
 from runtime.control.coordinator import (
-    CoordinatorConfig,
     ensure_secret,
     node_address,
     start_coordinator,
@@ -32,6 +31,7 @@ from runtime.control.report import (
     replica_key_id,
     sign,
 )
+from runtime.control.settings import CoordinatorConfig
 from slurm.backend import JobInfo, NodeInfo
 from slurm.errors import EnvironmentProblem
 

@@ -44,11 +44,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 from runtime.control.coordinator import (
-    CoordinatorConfig,
     RunningCoordinator,
     start_coordinator,
     write_control_file,
 )
+from runtime.control.settings import CoordinatorConfig
 from slurm.errors import EnvironmentProblem
 
 log = logging.getLogger("fthsdp.control")
