@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from runtime.control.auth import ensure_secret
 from runtime.control.coordinator import (
-    ensure_secret,
     node_address,
     start_coordinator,
 )

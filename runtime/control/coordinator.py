@@ -9,7 +9,7 @@ each attempt journaled.
 Endpoints (aiohttp; no hand-written HTTP):
 
 - `POST /v1/reports`: a `ReplicaReport` signed with that replica's key (derived from
-  `run_dir/secret`, see `runtime.control.report`). It must name the replica's current job; the
+  `run_dir/secret`, see `runtime.control.auth`). It must name the replica's current job; the
   nodes it names are checked against Slurm's record of that job's allocation and replaced by it.
   Unsigned, forged, stale, replayed, malformed, oversized, foreign and unknown-replica reports
   get a 4xx, change nothing and are only counted in memory (`runtime.control.guard`).
@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -55,6 +54,7 @@ import hostlist
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from runtime.control.auth import RequestAuth, ensure_secret
 from runtime.control.executor import SlurmExecutor
 from runtime.control.guard import (
     ConnectionGuard,
@@ -88,15 +88,11 @@ from runtime.control.policy import (
 from runtime.control.report import (
     CONTROL_KEY,
     JOB_ID,
-    MAX_CLOCK_SKEW_S,
     MAX_INT,
     MAX_REPORT_BYTES,
     ReplicaReport,
     RequeueRequest,
     SignatureError,
-    create_secret,
-    derive_key,
-    read_secret,
     replica_key_id,
     signed_headers,
     verify,
@@ -111,9 +107,6 @@ from slurm.errors import EnvironmentProblem
 from slurm.run_dir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
-
-SECRET_FILE = "secret"
-
 
 #: Policy phases of a replica that will not train again in this run.
 _FINISHED_PHASES = ("done", "out", "ended")
@@ -155,17 +148,6 @@ def compaction_interval(replicas: int) -> int:
     return max(1000, 4 * replicas)
 
 
-def ensure_secret(run_dir: Path) -> bytes:
-    """The run secret; created (0600) if missing, refused if others can read it."""
-    path = run_dir / SECRET_FILE
-    if not path.exists():
-        return create_secret(path)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise EnvironmentProblem(f"{path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
-    return read_secret(path)
-
-
 def node_address() -> str:
     """This node's own address (what the replicas reach), never the wildcard address."""
     name = socket.gethostname()
@@ -186,7 +168,8 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
-        self.secret = ensure_secret(config.run_dir)
+        #: The keys signed requests are checked with (`runtime.control.auth`).
+        self.auth = RequestAuth(ensure_secret(config.run_dir), clock)
         self.backend: SlurmBackend = backend or CommandBackend(retries=1, timeout=20.0)
         #: Carries out the journaled Slurm actions (`runtime.control.executor`).
         self.executor = SlurmExecutor(
@@ -208,9 +191,6 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
         self.refusals = Refusals(config.guard.log_every_s)
-        self._keys: dict[str, bytes] = {}
-        #: Nonces of signed GETs (not journaled: a replayed read changes nothing).
-        self._read_nonces: dict[str, float] = {}
         #: job id -> its nodes as Slurm last listed them (polls and report checks).
         self.allocations: dict[str, tuple[str, ...]] = {}
         #: job id -> its state in Slurm's last answer; None once Slurm no longer lists it.
@@ -287,7 +267,7 @@ class Coordinator:
                 log.debug("journal compacted at event %d: %d reports dropped", upto, f.result())
 
         done.add_done_callback(logged)
-        self._prune_reads()
+        self.auth.prune()
 
     async def attempt(self, action_id: int, outcome: str, detail: str = "") -> None:
         """Journal one attempt at a Slurm action; returns once it is durable."""
@@ -314,27 +294,6 @@ class Coordinator:
             start = loop.time()
             await asyncio.sleep(every_s)
             self.loop_lag_s = max(0.0, loop.time() - start - every_s)
-
-    def read_nonce_seen(self, nonce: str) -> bool:
-        return nonce in self._read_nonces
-
-    def remember_read(self, nonce: str, sent: float) -> None:
-        """Keep a signed read's nonce for as long as its signature could be replayed."""
-        if len(self._read_nonces) >= 10_000:
-            self._prune_reads()
-        self._read_nonces[nonce] = sent
-
-    def _prune_reads(self) -> None:
-        now = self.clock()
-        self._read_nonces = {
-            n: t for n, t in self._read_nonces.items() if now - t <= 2 * MAX_CLOCK_SKEW_S
-        }
-
-    def key(self, key_id: str) -> bytes:
-        found = self._keys.get(key_id)
-        if found is None:
-            found = self._keys[key_id] = derive_key(self.secret, key_id)
-        return found
 
     async def allocation(self, job_id: str) -> tuple[str, ...] | None:
         """The nodes Slurm lists for `job_id` now (all its components); None if it is not
@@ -540,7 +499,7 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
         raise _Refused(400, f"body not received ({type(exc).__name__})") from None
     try:
         nonce = verify(
-            coord.key(key_id),
+            coord.auth.key(key_id),
             request.method,
             request.raw_path,
             body,
@@ -552,10 +511,10 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
     allowed = key_id == CONTROL_KEY if keys == "control" else key_id.startswith("replica-")
     if not allowed:
         raise _Refused(403, f"key {key_id} may not call {request.method} {request.path}")
-    if coord.read_nonce_seen(nonce) or coord.journal.nonce_seen(nonce):
+    if coord.auth.read_nonce_seen(nonce) or coord.journal.nonce_seen(nonce):
         raise _Refused(409, "replayed nonce")
     if request.method == "GET":
-        coord.remember_read(nonce, int(timestamp))
+        coord.auth.remember_read(nonce, int(timestamp))
     return key_id, nonce, body
 
 
