@@ -31,8 +31,8 @@ from control_harness import ControlProcess, install_fake_slurm, wait_for
 from test_control_security import RecordingBackend
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
-from runtime.control.coordinator import start_coordinator
 from runtime.control.guard import GuardConfig
+from runtime.control.http import start_coordinator
 from runtime.control.journal import Journal
 from runtime.control.policy import PolicyConfig, ReportReceived
 from runtime.control.report import (

@@ -16,10 +16,7 @@ import aiohttp
 import pytest
 
 from runtime.control.auth import ensure_secret
-from runtime.control.coordinator import (
-    node_address,
-    start_coordinator,
-)
+from runtime.control.http import node_address, start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import (
     CONTROL_KEY,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_control_security import RecordingBackend  # the fake Slurm that records calls
 
-from runtime.control.coordinator import start_coordinator
+from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import CONTROL_KEY, ReplicaReport, read_secret, replica_key_id, sign
 from runtime.control.settings import CoordinatorConfig

@@ -171,7 +171,7 @@ def control(
     with exit code 2 and a line that names the file; Slurm does not requeue a job for its exit
     code, so it does not loop.
     """
-    from runtime.control import coordinator as coord
+    from runtime.control.http import node_address
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
     from runtime.control.settings import (
@@ -218,7 +218,7 @@ def control(
         eviction = replace(eviction, requeue_cost_estimate_s=straggler_requeue_cost_s)
     if straggler_mode is not None:
         eviction = replace(eviction, mode=cast(EvictionMode, straggler_mode))
-    host = bind or coord.node_address()
+    host = bind or node_address()
     config = CoordinatorConfig(
         run_dir=run_dir,
         policy=policy,
