@@ -54,9 +54,9 @@ from runtime.control.policy import (
 )
 from runtime.control.report import ReplicaReport
 from runtime.control.settings import CoordinatorConfig
-from runtime.control.spares import SpareManager
-from runtime.control.spares import carry_out as spares_carry_out
-from runtime.control.spares import on_poll as spares_on_poll
+from runtime.control.spare_manager import SpareManager
+from runtime.control.spare_manager import carry_out as spares_carry_out
+from runtime.control.spare_manager import on_poll as spares_on_poll
 from runtime.control.straggler import StragglerService
 from slurm.backend import CommandBackend, SlurmBackend
 from slurm.run_dir import TERMINAL_STATES
