@@ -7,18 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.control.spares import (
-    Pool,
-    PoolFileError,
-    Slot,
-    SlotView,
-    assign,
-    choose_slot,
-    plan_upkeep,
-    pool_summary,
-    read_pool,
-    write_pool,
-)
+from runtime.control.spare_slots import SlotView, assign, choose_slot, plan_upkeep, pool_summary
+from runtime.control.spares import Pool, PoolFileError, Slot, read_pool, write_pool
 from slurm.backend import SlurmCommandError
 from slurm.errors import InputError
 from slurm.spec import parse_spec

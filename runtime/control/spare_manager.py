@@ -1,8 +1,8 @@
 """The spare pool's I/O in the coordinator: Slurm's view of the slots, moves, refills.
 
-`SpareManager` reads each slot job and its nodes from Slurm, applies the pure decisions and
-writes the result to `spares.json` (both in `runtime.control.spares`); it cancels the failed
-job a replica leaves and queues refill slots.
+`SpareManager` reads each slot job and its nodes from Slurm, applies the pure decisions
+(`runtime.control.spare_slots`) and writes the result to `spares.json`
+(`runtime.control.spares`); it cancels the failed job a replica leaves and queues refill slots.
 
 Two hooks connect it to the coordinator's event core: `carry_out` intercepts a Requeue (move
 into a free slot, else the plain requeue through the Slurm executor) and a Release of a job that
@@ -27,19 +27,21 @@ import hostlist
 from runtime.control.executor import SlurmExecutor
 from runtime.control.journal import StoredAction
 from runtime.control.policy import Event, JobObserved, Release, Requeue, RunState
-from runtime.control.spares import (
+from runtime.control.spare_slots import (
     HISTORY,
+    SlotView,
+    assign,
+    choose_slot,
+    plan_upkeep,
+    pool_summary,
+)
+from runtime.control.spares import (
     REPLICA_SCRIPT,
     Fallback,
     Move,
     Pool,
     PoolFileError,
     Slot,
-    SlotView,
-    assign,
-    choose_slot,
-    plan_upkeep,
-    pool_summary,
     read_pool,
     write_pool,
 )
