@@ -1,6 +1,6 @@
 """Control plane under load: one coordinator, 1,000 replica leaders reporting every second.
 
-A real coordinator (`runtime.control.coordinator.start_coordinator`: aiohttp, the SQLite journal,
+A real coordinator (`runtime.control.http.start_coordinator`: aiohttp, the SQLite journal,
 the policy, signatures) runs in its own process with an in-memory Slurm backend that stamps the
 time of every drain/requeue call; this process plays the leaders. Every report is a
 `ReplicaReport` signed with its replica's key by `runtime.control.report.sign`, the calls
@@ -107,8 +107,9 @@ class MemoryBackend:
 
 
 async def serve(run_dir: Path, replicas: int) -> None:
-    from runtime.control.coordinator import CoordinatorConfig, start_coordinator
+    from runtime.control.http import start_coordinator
     from runtime.control.policy import PolicyConfig
+    from runtime.control.settings import CoordinatorConfig
 
     policy = PolicyConfig(
         replicas=replicas, min_replicas=1, report_timeout_s=3600.0, start_timeout_s=3600.0

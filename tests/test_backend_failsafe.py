@@ -315,8 +315,9 @@ def test_manual_requeue_without_coordinator_does_nothing_on_unreadable_node(
 
 @pytest.mark.parametrize("what", ["nodes", "jobs"])
 def test_coordinator_actions_do_nothing_on_unreadable_answers(tmp_path: Path, what: str) -> None:
-    from runtime.control.coordinator import Coordinator, CoordinatorConfig
+    from runtime.control.coordinator import Coordinator
     from runtime.control.policy import Drain, PolicyConfig, Requeue
+    from runtime.control.settings import CoordinatorConfig
 
     backend = ScriptedBackend("24.11", **{what: UNKNOWN})  # type: ignore[arg-type]
     run = tmp_path / "run"
@@ -326,9 +327,9 @@ def test_coordinator_actions_do_nothing_on_unreadable_answers(tmp_path: Path, wh
     try:
         action: Callable[[], object]
         if what == "nodes":
-            action = lambda: coord._execute(Drain("node3", OUR_REASON, 0), False)  # noqa: E731
+            action = lambda: coord.executor.execute(Drain("node3", OUR_REASON, 0), False)  # noqa: E731
         else:
-            action = lambda: coord._execute(Requeue(0, "1", 0), False)  # noqa: E731
+            action = lambda: coord.executor.execute(Requeue(0, "1", 0), False)  # noqa: E731
         with pytest.raises(SlurmOutputError, match=r"Slurm 24\.11\.5"):
             action()
     finally:

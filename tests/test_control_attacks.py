@@ -31,8 +31,8 @@ from control_harness import ControlProcess, install_fake_slurm, wait_for
 from test_control_security import RecordingBackend
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
-from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.guard import GuardConfig
+from runtime.control.http import start_coordinator
 from runtime.control.journal.store import Journal
 from runtime.control.policy import PolicyConfig, ReportReceived
 from runtime.control.report import (
@@ -42,6 +42,7 @@ from runtime.control.report import (
     replica_key_id,
     sign,
 )
+from runtime.control.settings import CoordinatorConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,9 +15,10 @@ import aiohttp
 import pytest
 from test_control_security import RecordingBackend
 
-from runtime.control.coordinator import CoordinatorConfig, start_coordinator
+from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig, ReplicaState
 from runtime.control.report import ReplicaReport, read_secret, replica_key_id, sign
+from runtime.control.settings import CoordinatorConfig
 
 
 def _body(seq: int, **kw: Any) -> bytes:

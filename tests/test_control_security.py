@@ -15,12 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from runtime.control.coordinator import (
-    CoordinatorConfig,
-    ensure_secret,
-    own_address,
-    start_coordinator,
-)
+from runtime.control.auth import ensure_secret
+from runtime.control.http import own_address, start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import (
     CONTROL_KEY,
@@ -32,6 +28,7 @@ from runtime.control.report import (
     replica_key_id,
     sign,
 )
+from runtime.control.settings import CoordinatorConfig
 from slurm.backend import JobInfo, NodeInfo
 from slurm.errors import EnvironmentProblem
 

@@ -7,18 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.control.spares import (
-    Pool,
-    PoolFileError,
-    Slot,
-    SlotView,
-    assign,
-    choose_slot,
-    plan_upkeep,
-    pool_summary,
-    read_pool,
-    write_pool,
-)
+from runtime.control.spare_slots import SlotView, assign, choose_slot, plan_upkeep, pool_summary
+from runtime.control.spares import Pool, PoolFileError, Slot, read_pool, write_pool
 from slurm.backend import SlurmCommandError
 from slurm.errors import InputError
 from slurm.spec import parse_spec
@@ -276,7 +266,7 @@ class PoolBackend:
 
 
 def test_move_into_a_free_slot_cancels_the_old_job_and_queues_a_refill(tmp_path: Path) -> None:
-    from runtime.control.spares import SpareManager
+    from runtime.control.spare_manager import SpareManager
 
     write_pool(tmp_path, Pool(1, (Slot("11"),)))
     backend = PoolBackend({"11": ("RUNNING", "n3")})
@@ -305,7 +295,7 @@ def test_move_into_a_free_slot_cancels_the_old_job_and_queues_a_refill(tmp_path:
 def test_no_free_slot_falls_back_and_says_so(
     tmp_path: Path, slots: tuple[Slot, ...], jobs: dict[str, tuple[str, str]], drained: set[str]
 ) -> None:
-    from runtime.control.spares import SpareManager
+    from runtime.control.spare_manager import SpareManager
 
     write_pool(tmp_path, Pool(1, slots))
     backend = PoolBackend(jobs, drained)
@@ -317,7 +307,7 @@ def test_no_free_slot_falls_back_and_says_so(
 
 
 def test_upkeep_retires_a_slot_on_a_drained_node_and_refills(tmp_path: Path) -> None:
-    from runtime.control.spares import SpareManager
+    from runtime.control.spare_manager import SpareManager
 
     write_pool(tmp_path, Pool(1, (IDLE,)))
     backend = PoolBackend({"11": ("RUNNING", "n3")}, {"n3"})

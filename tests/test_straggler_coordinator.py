@@ -13,9 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_control_security import RecordingBackend  # the fake Slurm that records calls
 
-from runtime.control.coordinator import CoordinatorConfig, start_coordinator
+from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig
 from runtime.control.report import CONTROL_KEY, ReplicaReport, read_secret, replica_key_id, sign
+from runtime.control.settings import CoordinatorConfig
 from runtime.control.straggler.detect import StragglerConfig
 
 JOBS = {0: "100", 1: "101", 2: "102"}

@@ -171,9 +171,15 @@ def control(
     with exit code 2 and a line that names the file; Slurm does not requeue a job for its exit
     code, so it does not loop.
     """
-    from runtime.control import coordinator as coord
+    from runtime.control.http import own_address
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
+    from runtime.control.settings import (
+        CoordinatorConfig,
+        RunSettings,
+        load_run_settings,
+        straggler_config,
+    )
     from runtime.control.straggler.evict import EvictionMode
     from slurm.errors import InputError
     from slurm.run_dir import check_control_inputs
@@ -187,11 +193,11 @@ def control(
     check_control_inputs(run_dir)
     token = _metrics_token(metrics_token_file) if metrics_token_file else None
     try:
-        settings = coord.load_run_settings(run_dir)
+        settings = load_run_settings(run_dir)
     except InputError:
         if replicas is None:
             raise
-        settings = coord.RunSettings(PolicyConfig(replicas=replicas), {})
+        settings = RunSettings(PolicyConfig(replicas=replicas), {})
     policy = settings.policy
     if replicas is not None:
         policy = replace(policy, replicas=replicas)
@@ -200,7 +206,7 @@ def control(
     if policy.min_replicas > policy.replicas or policy.min_replicas < 1:
         raise InputError("min_replicas", policy.min_replicas, f"1..{policy.replicas}")
     straggler = settings.straggler
-    straggler = coord.straggler_config(
+    straggler = straggler_config(
         straggler.factor if straggler_factor is None else straggler_factor,
         straggler.window_steps if straggler_window_steps is None else straggler_window_steps,
         straggler.window_s if straggler_window_s is None else straggler_window_s,
@@ -212,8 +218,8 @@ def control(
         eviction = replace(eviction, requeue_cost_estimate_s=straggler_requeue_cost_s)
     if straggler_mode is not None:
         eviction = replace(eviction, mode=cast(EvictionMode, straggler_mode))
-    host = bind or coord.own_address()
-    config = coord.CoordinatorConfig(
+    host = bind or own_address()
+    config = CoordinatorConfig(
         run_dir=run_dir,
         policy=policy,
         job_ids=settings.job_ids,

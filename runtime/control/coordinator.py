@@ -1,36 +1,18 @@
-"""The coordinator: the control plane's HTTP service that turns leader reports into Slurm actions.
+"""The coordinator's event core: one run's state, its journal, and the policy's decisions.
 
 It is the I/O shell around the pure policy (`runtime.control.policy`): requests and timers become
 events, each event is stored in the journal together with the actions the policy decided, and
-only then are the Slurm actions carried out (drain, requeue, release, cancel) through
-`slurm.backend`, in a worker thread, with bounded retries and backoff, each attempt journaled.
+only then are the Slurm actions carried out (drain, requeue, release, cancel) by the Slurm
+executor (`runtime.control.executor`), in a worker thread, with bounded retries and backoff,
+each attempt journaled. The HTTP face that feeds it requests is `runtime.control.http`; its
+settings are `runtime.control.settings`.
 
-Endpoints (aiohttp; no hand-written HTTP):
-
-- `POST /v1/reports`: a `ReplicaReport` signed with that replica's key (derived from
-  `run_dir/secret`, see `runtime.control.report`). It must name the replica's current job; the
-  nodes it names are checked against Slurm's record of that job's allocation and replaced by it.
-  Unsigned, forged, stale, replayed, malformed, oversized, foreign and unknown-replica reports
-  get a 4xx, change nothing and are only counted in memory (`runtime.control.guard`).
-- `POST /v1/requeue`: a `RequeueRequest` signed with the control key (`fthsdp requeue`).
-- `GET /v1/replicas/{k}/directive?job=J&restarts=R&launch=L`: what the replica's supervisor does
-  after its srun step ended: `relaunch`, `requeue` (exit; the coordinator requeues the job),
-  `exit` (for good) or `continue` (no decision yet). Unsigned: read-only, and a directive
-  only tells a supervisor of that very job what the coordinator already decided.
-- `GET /v1/state`: the run's state for `fthsdp status`, signed with the control key.
-- `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`); with a bearer
-  token when the control job was given one (`--metrics-token-file`).
-
-Every connection serves one request and sits behind `runtime.control.guard` (header and body
-deadlines, a connection cap that evicts half-open connections first).
-
-Stragglers (`runtime.control.straggler.service`): every accepted report also feeds the
+Stragglers (`runtime.control.straggler.StragglerService`): every accepted report also feeds the
 straggler monitor; an eviction it decides goes through the policy as a `StragglerEviction`
 event (tier 2: drain with `fthsdp: straggler: <node> <factor>x`, requeue).
 
 Timers: a tick finds replicas silent past their report timeout; a poll reads the replica jobs
-from `squeue` so Slurm's own requeues are seen (and never repeated). The service binds to the
-job node's address unless told otherwise; it never listens on all interfaces by default.
+from `squeue` so Slurm's own requeues are seen (and never repeated).
 """
 
 from __future__ import annotations
@@ -38,157 +20,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import json
 import logging
 import os
-import socket
-import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-
-from runtime.control.guard import (
-    ConnectionGuard,
-    GuardConfig,
-    GuardedSite,
-    Refusals,
-    one_request_per_connection,
-    raise_open_files,
-)
+from runtime.control.auth import RequestAuth, ensure_secret
+from runtime.control.executor import SlurmExecutor
+from runtime.control.guard import Refusals
 from runtime.control.journal.schema import StoredAction
 from runtime.control.journal.store import Journal
-from runtime.control.journal.writer import GroupWriter, JournalUnavailable, transient
-from runtime.control.metrics import aiohttp_handler
+from runtime.control.journal.writer import GroupWriter, transient
 from runtime.control.policy import (
     SLURM_ACTIONS,
-    Cancel,
     CoordinatorStarted,
-    Drain,
     Event,
     JobObserved,
-    OperatorRequeue,
-    PolicyConfig,
     Release,
     ReplicaState,
     ReportReceived,
-    Requeue,
     RunState,
     Tick,
-    directive_for,
     step,
 )
-from runtime.control.report import (
-    CONTROL_KEY,
-    JOB_ID,
-    MAX_CLOCK_SKEW_S,
-    MAX_INT,
-    MAX_REPORT_BYTES,
-    ReplicaReport,
-    RequeueRequest,
-    SignatureError,
-    create_secret,
-    derive_key,
-    read_secret,
-    replica_key_id,
-    signed_headers,
-    verify,
-)
-from runtime.control.spares import SpareManager
-from runtime.control.spares import carry_out as spares_carry_out
-from runtime.control.spares import on_poll as spares_on_poll
-from runtime.control.straggler.detect import StragglerConfig
-from runtime.control.straggler.evict import EvictionConfig
+from runtime.control.report import ReplicaReport
+from runtime.control.settings import CoordinatorConfig
+from runtime.control.spare_manager import SpareManager
+from runtime.control.spare_manager import carry_out as spares_carry_out
+from runtime.control.spare_manager import on_poll as spares_on_poll
 from runtime.control.straggler.service import StragglerService
-from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
-from slurm.errors import EnvironmentProblem, InputError
+from slurm.backend import SlurmBackend, make_backend
 from slurm.hostlist import job_nodes
-from slurm.records import lead_record
-from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
+from slurm.run_dir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
-
-SECRET_FILE = "secret"
-RUN_FILE = "run.json"
-
-
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    run_dir: Path
-    policy: PolicyConfig
-    job_ids: dict[int, str] = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    port: int = 0
-    tick_s: float = 1.0
-    poll_s: float = 3.0
-    poll_jobs: bool = True
-    action_retries: int = 5
-    action_backoff_s: float = 1.0
-    action_backoff_max_s: float = 30.0
-    #: The run's step budget (spec `train.steps`): the straggler decision's remaining time.
-    total_steps: int | None = None
-    #: Straggler detection thresholds, and how an eviction is decided and done (spec
-    #: `train.straggler_*`; `min_replicas` is taken from `policy`).
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    eviction: EvictionConfig = field(default_factory=EvictionConfig)
-    #: Connection limits and deadlines for every sender (`runtime.control.guard`).
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    #: When set, `GET /metrics` requires `Authorization: Bearer <token>`.
-    metrics_token: str | None = None
-    #: Snapshot and compact the journal after this many events (None: 1,000 or 4 per replica).
-    compact_every: int | None = None
-    #: A report is answered 503 (Retry-After) at once, before its signature is checked, while
-    #: the event loop runs this many seconds late or a journal write waits this long: a leader
-    #: (2 s timeout) would give up on it anyway, and shedding it drains the backlog.
-    max_queue_s: float = 1.0
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    policy: PolicyConfig
-    job_ids: dict[int, str]
-    heartbeat_timeout_ms: int = 2000
-    join_timeout_ms: int = 60000
-    total_steps: int | None = None
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    eviction: EvictionConfig = field(default_factory=EvictionConfig)
-
-
-def straggler_config(
-    factor: float | None = None, window_steps: int | None = None, window_s: float | None = None
-) -> StragglerConfig:
-    """Detection thresholds with the given overrides; the clear level never exceeds `factor`."""
-    base = StragglerConfig()
-    factor = base.factor if factor is None else float(factor)
-    try:
-        return replace(
-            base,
-            factor=factor,
-            clear_factor=min(base.clear_factor, factor),
-            window_steps=base.window_steps if window_steps is None else int(window_steps),
-            window_s=base.window_s if window_s is None else float(window_s),
-        )
-    except ValueError as exc:
-        raise InputError("train.straggler_*", str(exc), "factor > 1, positive windows") from None
-
-
-#: Failures worth retrying: Slurm busy or restarting, a command that timed out.
-_RETRYABLE = (
-    "Unable to contact",
-    "Socket timed out",
-    "Connection refused",
-    "temporarily",
-    "timed out",
-)
-
-
-def retryable(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
 
 
 #: Policy phases of a replica that will not train again in this run.
@@ -231,76 +100,8 @@ def compaction_interval(replicas: int) -> int:
     return max(1000, 4 * replicas)
 
 
-def load_run_settings(run_dir: Path) -> RunSettings:
-    """The run's recovery settings and replica job ids, from what `fthsdp submit` wrote.
-
-    `spec.json` gives `replicas.count` and the `[train]` knobs; `run.json` (optional, for runs
-    not made by `submit`) may hold `replicas` and any other `PolicyConfig` field and wins;
-    `jobs.json` maps replicas to job ids (`{"replicas": [{"replica": 0, "job_id": "12"}, ...]}`
-    or `{"replicas": {"0": "12"}}`). Without job ids the coordinator learns them from reports.
-    """
-    settings: dict[str, Any] = {}
-    lighthouse: dict[str, Any] = {}  # and total_steps, straggler: RunSettings' keyword fields
-    spec = read_spec_data(run_dir)  # checked field by field: a bad file is one line, exit 2
-    if spec is not None:
-        train = spec.get("train", {})
-        settings["replicas"] = int(spec["replicas"]["count"])
-        for key in ("min_replicas", "max_restarts_per_replica", "restart_window_s"):
-            if key in train:
-                settings[key] = train[key]
-        for key in ("heartbeat_timeout", "join_timeout"):
-            if f"{key}_s" in train:
-                lighthouse[f"{key}_ms"] = int(float(train[f"{key}_s"]) * 1000)
-        if train.get("steps"):
-            lighthouse["total_steps"] = int(train["steps"])
-        lighthouse["straggler"] = straggler_config(
-            train.get("straggler_factor"),
-            train.get("straggler_window_steps"),
-            train.get("straggler_window_s"),
-        )
-        eviction: dict[str, Any] = {}
-        if train.get("straggler_requeue_cost_s") is not None:
-            eviction["requeue_cost_estimate_s"] = float(train["straggler_requeue_cost_s"])
-        if train.get("straggler_mode") in ("drain", "exclude", "report"):
-            eviction["mode"] = train["straggler_mode"]
-        try:
-            lighthouse["eviction"] = EvictionConfig(**eviction)
-        except ValueError as exc:
-            raise InputError("train.straggler_requeue_cost_s", eviction, str(exc)) from None
-    run_file = run_dir / RUN_FILE
-    if run_file.exists():
-        raw = json.loads(run_file.read_text())
-        allowed = {f.name for f in fields(PolicyConfig)}
-        settings.update({k: v for k, v in raw.items() if k in allowed})
-    if "replicas" not in settings:
-        raise InputError("RUN_DIR", str(run_dir), "a run directory with spec.json (or run.json)")
-    jobs = read_job_ids(run_dir) or {}
-    return RunSettings(PolicyConfig(**settings), jobs, **lighthouse)
-
-
-def ensure_secret(run_dir: Path) -> bytes:
-    """The run secret; created (0600) if missing, refused if others can read it."""
-    path = run_dir / SECRET_FILE
-    if not path.exists():
-        return create_secret(path)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise EnvironmentProblem(f"{path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
-    return read_secret(path)
-
-
-def own_address() -> str:
-    """This node's own address (what the replicas reach), never the wildcard address."""
-    name = socket.gethostname()
-    try:
-        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-    except socket.gaierror:
-        return "127.0.0.1"
-    return str(infos[0][4][0]) if infos else "127.0.0.1"
-
-
 class Coordinator:
-    """State, journal and Slurm executor of one run's control plane."""
+    """State and journal of one run's control plane; its Slurm actions go to `executor`."""
 
     def __init__(
         self,
@@ -309,8 +110,16 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
-        self.secret = ensure_secret(config.run_dir)
+        #: The keys signed requests are checked with (`runtime.control.auth`).
+        self.auth = RequestAuth(ensure_secret(config.run_dir), clock)
         self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
+        #: Carries out the journaled Slurm actions (`runtime.control.executor`).
+        self.executor = SlurmExecutor(
+            self.backend,
+            retries=config.action_retries,
+            backoff_s=config.action_backoff_s,
+            backoff_max_s=config.action_backoff_max_s,
+        )
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
@@ -324,9 +133,6 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
         self.refusals = Refusals(config.guard.log_every_s)
-        self._keys: dict[str, bytes] = {}
-        #: Nonces of signed GETs (not journaled: a replayed read changes nothing).
-        self._read_nonces: dict[str, float] = {}
         #: job id -> its nodes as Slurm last listed them (polls and report checks).
         self.allocations: dict[str, tuple[str, ...]] = {}
         #: job id -> its state in Slurm's last answer; None once Slurm no longer lists it.
@@ -403,7 +209,7 @@ class Coordinator:
                 log.debug("journal compacted at event %d: %d reports dropped", upto, f.result())
 
         done.add_done_callback(logged)
-        self._prune_reads()
+        self.auth.prune()
 
     async def attempt(self, action_id: int, outcome: str, detail: str = "") -> None:
         """Journal one attempt at a Slurm action; returns once it is durable."""
@@ -430,27 +236,6 @@ class Coordinator:
             start = loop.time()
             await asyncio.sleep(every_s)
             self.loop_lag_s = max(0.0, loop.time() - start - every_s)
-
-    def read_nonce_seen(self, nonce: str) -> bool:
-        return nonce in self._read_nonces
-
-    def remember_read(self, nonce: str, sent: float) -> None:
-        """Keep a signed read's nonce for as long as its signature could be replayed."""
-        if len(self._read_nonces) >= 10_000:
-            self._prune_reads()
-        self._read_nonces[nonce] = sent
-
-    def _prune_reads(self) -> None:
-        now = self.clock()
-        self._read_nonces = {
-            n: t for n, t in self._read_nonces.items() if now - t <= 2 * MAX_CLOCK_SKEW_S
-        }
-
-    def key(self, key_id: str) -> bytes:
-        found = self._keys.get(key_id)
-        if found is None:
-            found = self._keys[key_id] = derive_key(self.secret, key_id)
-        return found
 
     async def allocation(self, job_id: str) -> tuple[str, ...] | None:
         """The nodes Slurm lists for `job_id` now (all its components); None if it is not
@@ -543,7 +328,6 @@ class Coordinator:
 
     async def _carry_out(self, group: list[StoredAction]) -> None:
         """Run one decision's Slurm actions in order, each with retries and backoff."""
-        loop = asyncio.get_running_loop()
         for stored in group:
             action = stored.action
             if isinstance(action, Release) and action.delay_s > 0:
@@ -551,56 +335,7 @@ class Coordinator:
             resumed = stored.status == "started"
             if self.spares is not None and await spares_carry_out(self, stored, resumed):
                 continue  # moved into a spare slot, or requeued with the pool's reason
-            await self.attempt(stored.id, "started", "resumed after restart" if resumed else "")
-            for attempt in range(self.config.action_retries):
-                try:
-                    outcome, detail = await loop.run_in_executor(
-                        None, self._execute, action, resumed
-                    )
-                except (InputError, EnvironmentProblem) as exc:
-                    # Refused before Slurm was asked (a bad node name, Slurm not usable):
-                    # retrying cannot help.
-                    await self.attempt(stored.id, "failed", str(exc))
-                    log.error("giving up on %s: %s", action, exc)
-                    break
-                except SlurmCommandError as exc:
-                    if attempt + 1 >= self.config.action_retries or not retryable(exc):
-                        await self.attempt(stored.id, "failed", str(exc))
-                        log.error("giving up on %s: %s", action, exc)
-                        break
-                    await self.attempt(stored.id, "retry", str(exc))
-                    delay = min(
-                        self.config.action_backoff_s * 2**attempt,
-                        self.config.action_backoff_max_s,
-                    )
-                    await asyncio.sleep(delay)
-                else:
-                    await self.attempt(stored.id, outcome, detail)
-                    break
-
-    def _execute(self, action: Any, resumed: bool) -> tuple[str, str]:
-        """Carry out one Slurm action (in a worker thread); returns (outcome, detail)."""
-        b = self.backend
-        if isinstance(action, Drain):
-            ok = b.drain(action.node, action.reason)
-            return ("done", "drained") if ok else ("skipped", "drained by someone else")
-        if isinstance(action, Requeue):
-            current = lead_record(b.jobs([action.job_id]), action.job_id)
-            if current and current.restarts > action.restarts:
-                return ("skipped", f"already requeued (restart count {current.restarts})")
-            if current and current.state.upper() == "PENDING":
-                return ("skipped", "job is pending, nothing to requeue")
-            b.requeue(action.job_id)
-            return ("done", "requeued" + (" (after restart)" if resumed else ""))
-        if isinstance(action, Release):
-            # The backend waits for the requeued job to settle back to PENDING first.
-            b.release(action.job_id, exclude=action.exclude)
-            excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
-            return ("done", f"eligible now{excluded}")
-        if isinstance(action, Cancel):
-            b.cancel([action.job_id])
-            return ("done", "cancelled")
-        return ("skipped", f"not a Slurm action: {action}")
+            await self.executor.carry_out(stored, resumed, self.attempt)
 
     # -- views --------------------------------------------------------------------------------
 
@@ -648,272 +383,6 @@ def _same(a: RunState, b: RunState) -> bool:
 def _expand_once(nodes: str) -> tuple[str, ...]:
     """`job_nodes`, remembered: every poll sees the same hostlists again."""
     return tuple(job_nodes(nodes))
-
-
-# -- HTTP ------------------------------------------------------------------------------------
-
-COORDINATOR_KEY = web.AppKey("coordinator", Coordinator)
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _refuse(
-    coord: Coordinator,
-    request: web.Request,
-    status: int,
-    reason: str,
-    retry_after_s: float | None = None,
-) -> web.Response:
-    """Answer a refusal; it is counted in memory only (no journal row, no fsync)."""
-    coord.refusals.add(f"{status} {request.path}", reason, request.remote)
-    headers = {"Retry-After": str(round(retry_after_s))} if retry_after_s is not None else None
-    return web.json_response({"error": reason}, status=status, headers=headers)
-
-
-async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[str, str, bytes]:
-    """(key id, nonce, body) of an authentic, fresh, not replayed request signed with a key
-    `keys` allows ("control", or "replica" for any replica's own key); `_Refused` otherwise.
-
-    The headers are checked before the body is read, and the body is read under a deadline.
-    """
-    try:
-        key_id, timestamp, _, _ = signed_headers(request.headers)
-    except SignatureError as exc:
-        raise _Refused(401, str(exc)) from None
-    length = request.content_length
-    if length is not None and length > MAX_REPORT_BYTES:
-        raise _Refused(413, f"body of {length} bytes")
-    try:
-        body = await asyncio.wait_for(request.read(), coord.config.guard.body_timeout_s)
-    except web.HTTPRequestEntityTooLarge:
-        raise _Refused(413, "body over the limit") from None
-    except TimeoutError:
-        raise _Refused(408, "body not received in time") from None
-    except (ConnectionError, HttpProcessingError) as exc:
-        # The sender went away or sent a broken body: counted, never a traceback in the log.
-        raise _Refused(400, f"body not received ({type(exc).__name__})") from None
-    try:
-        nonce = verify(
-            coord.key(key_id),
-            request.method,
-            request.raw_path,
-            body,
-            request.headers,
-            coord.clock(),
-        )
-    except SignatureError as exc:
-        raise _Refused(401, str(exc)) from None
-    allowed = key_id == CONTROL_KEY if keys == "control" else key_id.startswith("replica-")
-    if not allowed:
-        raise _Refused(403, f"key {key_id} may not call {request.method} {request.path}")
-    if coord.read_nonce_seen(nonce) or coord.journal.nonce_seen(nonce):
-        raise _Refused(409, "replayed nonce")
-    if request.method == "GET":
-        coord.remember_read(nonce, int(timestamp))
-    return key_id, nonce, body
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise _Refused(400, "body is not JSON") from None
-    if not isinstance(data, dict):
-        raise _Refused(400, "body is not a JSON object")
-    return data
-
-
-async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaReport:
-    """The report with Slurm's allocation of its job as `nodes`, and its `failed_node` one of
-    them; `_Refused` if it names a node outside the allocation.
-
-    A fatal report asks Slurm now (it may drain a node); a status report takes the last poll's
-    answer (asking once for a job not seen yet), and its own `nodes` are never used.
-    """
-    job_id = report.job_id
-    assert job_id is not None
-    if report.kind != "fatal":
-        known = coord.allocations.get(job_id)
-        if known is None:
-            with contextlib.suppress(SlurmCommandError, EnvironmentProblem, OSError):
-                known = await coord.allocation(job_id)  # once per job; polls refresh it
-                coord.allocations.setdefault(job_id, ())
-        return replace(report, nodes=list(known or ()))
-    try:
-        nodes = await coord.allocation(job_id)
-    except SlurmCommandError as exc:
-        raise _Refused(503, f"cannot read job {job_id} from Slurm: {exc}") from None
-    if nodes is None:
-        raise _Refused(409, f"job {job_id} is not in Slurm's queue")
-    foreign = sorted(set(report.nodes) - set(nodes))
-    if foreign:
-        raise _Refused(403, f"nodes {foreign[:3]} are not in job {job_id}'s allocation")
-    failed = report.failed_node
-    if failed is not None and failed not in nodes:
-        # Even for a one-node job: a name outside the allocation is never read as "my node".
-        raise _Refused(403, f"node {failed} is not in job {job_id}'s allocation {nodes[:8]}")
-    return replace(report, nodes=list(nodes), failed_node=failed)
-
-
-async def post_report(request: web.Request) -> web.Response:
-    coord = request.app[COORDINATOR_KEY]
-    retry = coord.admission()
-    if retry is not None:
-        # Before anything else: a report that would only queue costs one cheap answer.
-        return _refuse(coord, request, 503, "coordinator busy", retry)
-    try:
-        key_id, nonce, body = await _signed(request, coord, "replica")
-        try:
-            report = ReplicaReport.from_dict(_json_object(body))
-        except (ValueError, TypeError) as exc:
-            raise _Refused(400, f"malformed report: {exc}") from None
-        if key_id != replica_key_id(report.replica):
-            raise _Refused(403, f"key {key_id} may not report for replica {report.replica}")
-        r = coord.state.replicas.get(report.replica)
-        if r is None:
-            raise _Refused(404, f"unknown replica {report.replica}")
-        if report.job_id is None:
-            raise _Refused(400, "malformed report: field 'job_id' is required")
-        if report.job_id != r.job_id:
-            # A leftover process of an earlier run, or another user's job: it must not steer.
-            raise _Refused(409, f"job {report.job_id} is not replica's job {r.job_id}")
-        report = await _checked_nodes(coord, report)
-    except _Refused as exc:
-        return _refuse(coord, request, exc.status, exc.reason)
-    try:
-        if not await coord.submit(ReportReceived(report, coord.clock()), nonce=nonce):
-            return _refuse(coord, request, 409, "replayed nonce")
-    except JournalUnavailable as exc:
-        return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
-    await coord.after_report(report)
-    r = coord.state.replicas[report.replica]
-    return web.json_response({"ok": True, "directive": r.directive, "phase": r.phase})
-
-
-async def post_requeue(request: web.Request) -> web.Response:
-    coord = request.app[COORDINATOR_KEY]
-    try:
-        _, nonce, body = await _signed(request, coord, "control")
-        try:
-            req = RequeueRequest.from_dict(_json_object(body))
-        except (ValueError, TypeError) as exc:
-            raise _Refused(400, f"malformed requeue: {exc}") from None
-        r = coord.state.replicas.get(req.replica)
-        if r is None:
-            raise _Refused(404, f"unknown replica {req.replica}")
-        if req.drain is not None:
-            nodes = None
-            if r.job_id is not None:
-                try:
-                    nodes = await coord.allocation(r.job_id)
-                except SlurmCommandError as exc:
-                    raise _Refused(503, f"cannot read job {r.job_id}: {exc}") from None
-            if not nodes or req.drain not in nodes:
-                raise _Refused(
-                    403, f"node {req.drain} is not in job {r.job_id}'s allocation {nodes}"
-                )
-    except _Refused as exc:
-        return _refuse(coord, request, exc.status, exc.reason)
-    event = OperatorRequeue(req.replica, coord.clock(), req.drain, req.reason[:80])
-    try:
-        if not await coord.submit(event, nonce=nonce):
-            return _refuse(coord, request, 409, "replayed nonce")
-    except JournalUnavailable as exc:
-        return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
-    return web.json_response({"ok": True, "job_id": coord.state.replicas[req.replica].job_id})
-
-
-async def get_directive(request: web.Request) -> web.Response:
-    coord = request.app[COORDINATOR_KEY]
-    try:
-        replica = int(request.match_info["k"])
-        job = request.query.get("job") or None
-        restarts = int(request.query.get("restarts", "0"))
-        launch = int(request.query.get("launch", "0"))
-        if job is not None and not JOB_ID.fullmatch(job):
-            raise ValueError(job)
-        if not (0 <= restarts <= MAX_INT and 0 <= launch <= MAX_INT):
-            raise ValueError(restarts)
-    except ValueError:
-        return _refuse(coord, request, 400, "bad replica/job/restarts/launch")
-    if replica not in coord.state.replicas:
-        return _refuse(coord, request, 404, f"unknown replica {replica}")
-    directive, delay = directive_for(coord.state, replica, job, restarts, launch)
-    return web.json_response({"directive": directive, "delay_s": delay})
-
-
-async def get_state(request: web.Request) -> web.Response:
-    coord = request.app[COORDINATOR_KEY]
-    try:
-        _, _, body = await _signed(request, coord, "control")
-        if body:
-            raise _Refused(400, "GET /v1/state takes no body")
-    except _Refused as exc:
-        return _refuse(coord, request, exc.status, exc.reason)
-    return web.json_response(coord.state_view())
-
-
-def make_app(coord: Coordinator) -> web.Application:
-    app = web.Application(
-        client_max_size=MAX_REPORT_BYTES, middlewares=[one_request_per_connection]
-    )
-    app[COORDINATOR_KEY] = coord
-    app.router.add_post("/v1/reports", post_report)
-    app.router.add_post("/v1/requeue", post_requeue)
-    app.router.add_get("/v1/replicas/{k}/directive", get_directive)
-    app.router.add_get("/v1/state", get_state)
-    metrics = aiohttp_handler(coord.registry, coord.state_view)
-    token = coord.config.metrics_token
-
-    async def get_metrics(request: web.Request) -> web.Response:
-        if token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _refuse(coord, request, 401, "metrics need the bearer token")
-        return await metrics(request)
-
-    app.router.add_get("/metrics", get_metrics)
-    return app
-
-
-@dataclass
-class RunningCoordinator:
-    coordinator: Coordinator
-    runner: web.AppRunner
-    url: str
-
-    async def close(self) -> None:
-        await self.runner.cleanup()
-        await self.coordinator.stop()
-
-
-async def start_coordinator(
-    config: CoordinatorConfig, backend: SlurmBackend | None = None
-) -> RunningCoordinator:
-    """Start the service on `config.host:config.port` (port 0 = a free one)."""
-    coord = Coordinator(config, backend)
-    await coord.start()
-    runner = web.AppRunner(
-        make_app(coord), access_log=None, max_line_size=4096, max_field_size=4096, max_headers=32
-    )
-    await runner.setup()
-    cap = raise_open_files(config.guard.max_connections)
-    guard = ConnectionGuard(config.guard, coord.refusals, cap)
-    site = GuardedSite(runner, config.host, config.port, guard)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        await coord.stop()
-        raise
-    port = int(runner.addresses[0][1]) if runner.addresses else config.port
-    host = config.host if ":" not in config.host else f"[{config.host}]"
-    return RunningCoordinator(coord, runner, f"http://{host}:{port}")
 
 
 def write_control_file(run_dir: Path, data: dict[str, Any]) -> Path:

@@ -43,12 +43,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from runtime.control.coordinator import (
-    CoordinatorConfig,
-    RunningCoordinator,
-    start_coordinator,
-    write_control_file,
-)
+from runtime.control.coordinator import write_control_file
+from runtime.control.http import RunningCoordinator, start_coordinator
+from runtime.control.settings import CoordinatorConfig
 from slurm.errors import EnvironmentProblem
 
 log = logging.getLogger("fthsdp.control")

@@ -1,4 +1,4 @@
-"""The hot-spare pool: replica-sized slot jobs that hold health-checked nodes idle for the run.
+"""The hot-spare pool's file (`spares.json`) and the agent a spare slot job runs.
 
 Why slots and not a shrinking pool job: Slurm cannot hand a node from one job to another (job
 expansion is gone from 23.02 on), and a node released by `scontrol update NumNodes=` goes back
@@ -9,48 +9,37 @@ the slot's batch script (`agent`) waits for an assignment in `RUN_DIR/spares.jso
 that replica's own script in the slot's allocation. The replica's job id becomes the slot's; its
 old job is cancelled, and one refill slot is queued (it waits like anyone's job).
 
-Three parts: the pool's data (`Pool`, `Slot`, read and written as `spares.json`, 0600, written
-only by `fthsdp submit` and then by the coordinator), the pure decisions (`choose_slot`,
-`plan_upkeep`), and the I/O around them (`SpareManager` in the coordinator, `agent` in a slot).
+Here: the pool's data (`Pool`, `Slot`, read and written as `spares.json`, 0600, written only by
+`fthsdp submit` and then by the coordinator), and the slot's side (`agent`, run as
+`python -m runtime.control.spares agent` by `slurm/templates/spares.sbatch.j2`). The pure
+decisions are `runtime.control.spare_slots`; the coordinator's side is
+`runtime.control.spare_manager`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import logging
 import os
 import re
 import sys
-import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.hostlist import job_nodes
 from slurm.records import lead_record
-from slurm.submit import SPARE_SCRIPT, SPARES_FILE
-
-if TYPE_CHECKING:  # the coordinator imports this module, not the other way round at run time
-    from runtime.control.coordinator import Coordinator
-    from runtime.control.journal.schema import StoredAction
-
-log = logging.getLogger("fthsdp.spares")
+from slurm.submit import SPARES_FILE
 
 #: What a slot may run: a replica script `fthsdp submit` wrote (a bare file name, never a path).
 _SCRIPT = re.compile(r"replica-[0-9]{1,7}\.sbatch")
 _JOB = re.compile(r"[0-9]{1,12}")
+#: `_SCRIPT`, public: the coordinator checks a replica's script with it before a slot gets it.
+REPLICA_SCRIPT = _SCRIPT
 #: Slurm states of a slot job that still holds (or will hold) its nodes.
-_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED")
-#: Node flags or base states that make a spare unusable.
-_BAD_NODE = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT")
-#: How many moves and fallbacks spares.json keeps (the journal keeps them all).
-_HISTORY = 50
+LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
 class PoolFileError(ValueError):
@@ -148,109 +137,6 @@ def _slot(raw: Any) -> Slot:
     return Slot(_job(raw["job_id"]), replica, script, None if since is None else float(since))
 
 
-# -- pure decisions ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SlotView:
-    """A slot job as Slurm sees it now: its state (None: no longer listed) and nodes, and which
-    of those nodes are drained, down or failing."""
-
-    job_id: str
-    state: str | None
-    nodes: tuple[str, ...] = ()
-    bad_nodes: tuple[str, ...] = ()
-
-    @property
-    def live(self) -> bool:
-        return self.state is not None and self.state.upper() in _LIVE
-
-
-def choose_slot(pool: Pool, views: Mapping[str, SlotView], exclude: str = "") -> Slot | None:
-    """The slot a failed replica moves to: running, idle, every node healthy; oldest first
-    (submit order, so the pool's first nodes go first). None: the pool has none free now."""
-    for slot in pool.slots:
-        v = views.get(slot.job_id)
-        if slot.replica is not None or slot.job_id == exclude or v is None:
-            continue
-        if v.state == "RUNNING" and v.nodes and not v.bad_nodes:
-            return slot
-    return None
-
-
-@dataclass(frozen=True)
-class Upkeep:
-    #: Idle slots to cancel (a node of theirs failed its health check).
-    cancel: tuple[str, ...]
-    #: Slots to forget: their job ended or is gone (cancelled ones included).
-    drop: tuple[str, ...]
-    #: Refill slots to queue so that `target` are available again.
-    submit: int
-
-
-def plan_upkeep(pool: Pool, views: Mapping[str, SlotView]) -> Upkeep:
-    """Keep `target` slots available: forget ended slots, retire idle ones on a bad node, and
-    queue refills for what is missing. A slot whose job Slurm was not asked about yet counts as
-    available (never over-submit on missing data); hosting slots are the replicas' own jobs now
-    and are only forgotten once they end."""
-    cancel, drop = [], []
-    available = 0
-    for slot in pool.slots:
-        v = views.get(slot.job_id)
-        if v is not None and not v.live:
-            drop.append(slot.job_id)
-            continue
-        if slot.replica is not None:
-            continue
-        if v is not None and v.bad_nodes:
-            cancel.append(slot.job_id)
-            drop.append(slot.job_id)
-            continue
-        available += 1
-    return Upkeep(tuple(cancel), tuple(drop), max(0, pool.target - available))
-
-
-def assign(pool: Pool, slot: Slot, replica: int, script: str, from_job: str,
-           nodes: tuple[str, ...], at: float) -> Pool:  # fmt: skip
-    """The pool with `replica` (whose job was `from_job`) running in `slot`."""
-    slots = tuple(
-        replace(s, replica=replica, script=script, since=at) if s.job_id == slot.job_id else s
-        for s in pool.slots
-    )
-    move = Move(replica, from_job, slot.job_id, nodes, at)
-    return replace(pool, slots=slots, moves=(*pool.moves, move)[-_HISTORY:])
-
-
-def pool_summary(pool: Pool, views: Mapping[str, SlotView]) -> dict[str, Any]:
-    """What `fthsdp status` shows: each slot's job, state, nodes, health and replica."""
-    rows = []
-    for s in pool.slots:
-        v = views.get(s.job_id)
-        rows.append(
-            {
-                "job_id": s.job_id,
-                "state": v.state if v else None,
-                "nodes": list(v.nodes) if v else [],
-                "health": ("unknown" if v is None else "bad" if v.bad_nodes else "ok"),
-                "bad_nodes": list(v.bad_nodes) if v else [],
-                "replica": s.replica,
-            }
-        )
-    idle = sum(
-        1 for r in rows if r["replica"] is None and r["state"] == "RUNNING" and r["health"] == "ok"
-    )
-    last = pool.fallbacks[-1] if pool.fallbacks else None
-    return {
-        "target": pool.target,
-        "slots": rows,
-        "idle": idle,
-        "in_use": sum(1 for r in rows if r["replica"] is not None),
-        "moves": [asdict(m) for m in pool.moves[-5:]],
-        "last_fallback": asdict(last) if last else None,
-        "retired": list(pool.retired[-5:]),
-    }
-
-
 # -- the pool file ----------------------------------------------------------------------------
 
 
@@ -281,235 +167,6 @@ def pool_job_ids(run_dir: Path) -> list[str]:
     except PoolFileError:
         return []
     return [s.job_id for s in pool.slots] if pool else []
-
-
-# -- the coordinator's side -------------------------------------------------------------------
-
-
-def _bad(flags: Iterable[str], state: str) -> bool:
-    words = {f.upper() for f in flags} | {w for w in state.upper().replace("+", " ").split()}
-    return any(b in w for w in words for b in _BAD_NODE)
-
-
-class SpareManager:
-    """The pool's I/O in the coordinator: reads Slurm, writes spares.json, cancels and submits.
-
-    Every method is blocking (run it in an executor); one lock orders the writers."""
-
-    def __init__(self, run_dir: Path, backend: SlurmBackend, clock: Any = time.time) -> None:
-        self.run_dir = Path(run_dir)
-        self.backend = backend
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._last_views: dict[str, SlotView] = {}
-        self._polls = 0
-
-    @classmethod
-    def load(cls, run_dir: Path, backend: SlurmBackend) -> SpareManager | None:
-        """A manager when the run has a pool (spares.json); a bad file stops the coordinator."""
-        try:
-            pool = read_pool(run_dir)
-        except PoolFileError as exc:
-            raise EnvironmentProblem(str(exc)) from None
-        return None if pool is None else cls(run_dir, backend)
-
-    def pool(self) -> Pool:
-        pool = read_pool(self.run_dir)
-        if pool is None:
-            raise EnvironmentProblem(f"{self.run_dir / SPARES_FILE} disappeared")
-        return pool
-
-    def views(self, pool: Pool) -> dict[str, SlotView]:
-        """Each slot job's state and nodes from squeue, with the nodes' health from Slurm."""
-        ids = [s.job_id for s in pool.slots]
-        if not ids:
-            return {}
-        infos = [i for i in self.backend.jobs(ids) if i.het_offset == 0]
-        found = {i.base_id: i for i in infos if i.base_id in ids}
-        nodes_of = {j: job_nodes(i.nodes) for j, i in found.items()}
-        wanted = sorted({n for ns in nodes_of.values() for n in ns})
-        listed = self.backend.nodes(wanted) if wanted else []
-        bad = {n.name for n in listed if _bad(n.flags, n.state)}
-        views = {}
-        for j in ids:
-            nodes = tuple(nodes_of.get(j, ()))
-            state = found[j].state.upper() if j in found else None
-            views[j] = SlotView(j, state, nodes, tuple(n for n in nodes if n in bad))
-        self._last_views = views
-        return views
-
-    def move(self, replica: int, from_job: str, script: str) -> tuple[Move | None, str]:
-        """Put `replica` (whose job `from_job` failed) into a free slot: assign, cancel the old
-        job, queue a refill. Returns the move (None: no slot free, with why)."""
-        with self._lock:
-            pool = self.pool()
-            done = pool.moved_from(from_job)
-            if done is not None:
-                return done, "moved already"  # a resumed action after a coordinator restart
-            views = self.views(pool)
-            slot = choose_slot(pool, views, exclude=from_job)
-            if slot is None:
-                why = _empty_reason(pool, views)
-                fall = Fallback(replica, from_job, self.clock(), why)
-                pool = replace(pool, fallbacks=(*pool.fallbacks, fall)[-_HISTORY:])
-                write_pool(self.run_dir, pool)
-                return None, why
-            nodes = views[slot.job_id].nodes
-            pool = assign(pool, slot, replica, script, from_job, nodes, self.clock())
-            write_pool(self.run_dir, pool)  # the slot's agent starts the replica from here
-            log.warning("replica %d: job %s -> spare slot %s on %s", replica, from_job,
-                        slot.job_id, ",".join(nodes))  # fmt: skip
-            try:
-                self.backend.cancel([from_job])
-            except SlurmCommandError as exc:  # the old job may already have ended
-                log.warning("cancel of job %s: %s", from_job, exc)
-            self._upkeep(pool, views)
-            return pool.moved_from(from_job), f"spare slot {slot.job_id}"
-
-    def upkeep(self) -> list[str]:
-        """Retire unhealthy idle slots and queue refills; returns what was done, for the log."""
-        with self._lock:
-            pool = self.pool()
-            return self._upkeep(pool, self.views(pool))
-
-    def _upkeep(self, pool: Pool, views: Mapping[str, SlotView]) -> list[str]:
-        plan = plan_upkeep(pool, views)
-        done: list[str] = []
-        if plan.cancel:
-            try:
-                self.backend.cancel(list(plan.cancel))
-                done.append(f"retired slots {','.join(plan.cancel)} (node failed a check)")
-            except SlurmCommandError as exc:
-                log.warning("cancel of slots %s: %s", plan.cancel, exc)
-                plan = replace(plan, drop=tuple(j for j in plan.drop if j not in plan.cancel))
-        slots = tuple(s for s in pool.slots if s.job_id not in plan.drop)
-        retired = (*pool.retired, *plan.cancel)[-_HISTORY:]
-        new = []
-        for _ in range(plan.submit):
-            try:
-                new.append(Slot(self.backend.submit(self.run_dir / SPARE_SCRIPT)))
-            except SlurmCommandError as exc:
-                log.warning("refill of the spare pool failed: %s", exc)
-                break
-        if new:
-            done.append(f"queued refill slots {','.join(s.job_id for s in new)}")
-        changed = new or plan.drop
-        if changed:
-            write_pool(self.run_dir, replace(pool, slots=slots + tuple(new), retired=retired))
-        return done
-
-    def summary(self) -> dict[str, Any]:
-        """The pool for `/v1/state` (the last views read; no Slurm call on a status request)."""
-        try:
-            return pool_summary(self.pool(), self._last_views)
-        except (PoolFileError, EnvironmentProblem) as exc:
-            return {"error": str(exc)}
-
-
-def _empty_reason(pool: Pool, views: Mapping[str, SlotView]) -> str:
-    states = [views[s.job_id].state or "gone" for s in pool.slots if s.job_id in views]
-    used = sum(1 for s in pool.slots if s.replica is not None)
-    return (
-        f"no spare free ({len(pool.slots)} slots: {used} in use, idle/queued states "
-        f"{','.join(st.lower() for st in states) or 'none'}): plain requeue, the replica waits "
-        "for the scheduler"
-    )
-
-
-# -- coordinator hooks (called from runtime.control.coordinator) -------------------------------
-
-
-async def carry_out(coord: Coordinator, stored: StoredAction, resumed: bool) -> bool:
-    """A Requeue or Release of the run's pool: True when handled here (the caller skips it).
-
-    Requeue: move the replica into a free slot (journaled as done, with the slot), then tell the
-    policy its job is the slot's (a `JobObserved`, so a replay rebuilds it). No slot free: the
-    plain requeue, journaled with why. Release of a job that moved: skipped, with where to."""
-    from runtime.control.policy import JobObserved, Release, Requeue
-
-    spares = coord.spares
-    assert spares is not None
-    action = stored.action
-    loop = asyncio.get_running_loop()
-    if isinstance(action, Release):
-        try:
-            moved = spares.pool().moved_from(action.job_id)
-        except (PoolFileError, EnvironmentProblem):
-            return False
-        if moved is None:
-            return False
-        await coord.attempt(stored.id, "skipped", f"replica moved to spare slot {moved.to_job}")
-        return True
-    if not isinstance(action, Requeue):
-        return False
-    try:
-        script = _script_of(coord.config.run_dir, action.replica)
-        move, why = await loop.run_in_executor(
-            None, spares.move, action.replica, action.job_id, script
-        )
-    except (SlurmCommandError, PoolFileError, EnvironmentProblem, InputError) as exc:
-        log.error("spare pool unusable, plain requeue: %s", exc)
-        move, why = None, f"spare pool unusable ({exc}): plain requeue"
-    if move is None:
-        await coord.attempt(stored.id, "started", why)
-        try:
-            outcome, detail = await loop.run_in_executor(None, coord._execute, action, resumed)
-        except (SlurmCommandError, InputError, EnvironmentProblem):
-            return False  # the caller's loop retries and journals the error
-        await coord.attempt(stored.id, outcome, f"{detail}; {why}")
-        return True
-    await coord.attempt(
-        stored.id, "done", f"moved to spare slot {move.to_job} on {','.join(move.nodes)}"
-    )
-    await coord.submit(
-        JobObserved(action.replica, move.to_job, 0, "RUNNING", coord.clock(), move.nodes)
-    )
-    return True
-
-
-async def on_poll(coord: Coordinator, every: int = 3) -> None:
-    """Every `every`-th poll: upkeep (retire, refill), then move a replica that waits in the
-    queue (an earlier fallback) into a slot that became free."""
-    spares = coord.spares
-    assert spares is not None
-    spares._polls += 1
-    if spares._polls % every:
-        return
-    if all(r.phase in ("done", "out", "ended") for r in coord.state.replicas.values()):
-        return  # the run is over: no refills for a pool nobody will use
-    loop = asyncio.get_running_loop()
-    try:
-        for line in await loop.run_in_executor(None, spares.upkeep):
-            log.warning("spare pool: %s", line)
-    except (SlurmCommandError, PoolFileError, EnvironmentProblem) as exc:
-        log.warning("spare pool upkeep: %s", exc)
-        return
-    from runtime.control.policy import JobObserved
-
-    for k, r in coord.state.replicas.items():
-        job = r.job_id
-        if job is None or coord.job_states.get(job) != "PENDING" or r.phase == "out":
-            continue
-        if choose_slot(spares.pool(), spares._last_views, exclude=job) is None:
-            return
-        try:
-            script = _script_of(coord.config.run_dir, k)
-            move, _ = await loop.run_in_executor(None, spares.move, k, job, script)
-        except (SlurmCommandError, PoolFileError, EnvironmentProblem, InputError) as exc:
-            log.warning("spare pool: replica %d stays in the queue: %s", k, exc)
-            return
-        if move is not None:
-            await coord.submit(JobObserved(k, move.to_job, 0, "RUNNING", coord.clock(), move.nodes))
-
-
-def _script_of(run_dir: Path, replica: int) -> str:
-    """The replica's script name as jobs.json records it."""
-    from slurm.run_dir import read_run
-
-    for rec in read_run(run_dir).replicas:
-        if rec.replica == replica and _SCRIPT.fullmatch(rec.script):
-            return rec.script
-    raise InputError("replica", replica, "a replica with a script in jobs.json")
 
 
 # -- the slot's side --------------------------------------------------------------------------
@@ -598,7 +255,7 @@ def _ended(backend: SlurmBackend, job_id: str) -> bool:
         found = lead_record(backend.jobs([job_id]), job_id)
     except (SlurmCommandError, EnvironmentProblem):
         return False  # unknown is not ended
-    return found is None or found.state.upper() not in _LIVE
+    return found is None or found.state.upper() not in LIVE_STATES
 
 
 def main(argv: list[str] | None = None) -> int:
