@@ -34,7 +34,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from runtime import ledger
 from runtime.api_files import list_final_shards
 from runtime.control.service import Lighthouse, LighthouseConfig
 from runtime.env import Timeouts
+from runtime.net import free_port
 from runtime.verdict import check_ledger, final_weights_agree
 
 
@@ -157,12 +157,6 @@ class RunSummary:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def resolve_command(command: str | list[str]) -> list[str]:

@@ -49,6 +49,7 @@ from runtime.control.coordinator import (
     start_coordinator,
     write_control_file,
 )
+from runtime.net import free_port
 from slurm.errors import EnvironmentProblem
 
 log = logging.getLogger("fthsdp.control")
@@ -81,13 +82,6 @@ def lighthouse_binary() -> str:
     if not found:
         raise EnvironmentProblem("torchft_lighthouse not found: install torchft==0.2.0")
     return found
-
-
-def free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def port_is_free(host: str, port: int) -> bool:
