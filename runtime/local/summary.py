@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime import ledger
-from runtime.api_files import list_final_shards
 from runtime.local.config import LaunchConfig
 from runtime.local.faults import Failure
 from runtime.local.replicas import LocalReplica
 from runtime.verdict import check_ledger, final_weights_agree
+from runtime.worker.outputs import list_final_shards
 
 
 @dataclass
