@@ -34,7 +34,8 @@ WARMUP = 10
 
 
 def ft_step_s(run_dir: Path, replicas: int, ranks: int, overlap: bool = True) -> float:
-    from runtime.local_launcher import LaunchConfig, launch
+    from runtime.local.config import LaunchConfig
+    from runtime.local.launcher import launch
 
     summary = launch(
         LaunchConfig(
@@ -59,13 +60,14 @@ def ft_step_s(run_dir: Path, replicas: int, ranks: int, overlap: bool = True) ->
 
 def baseline_step_s(mode: str, run_dir: Path, replicas: int, ranks: int) -> float:
     from runtime.baselines import spawn
-    from runtime.local_launcher import LaunchConfig, LocalLauncher
+    from runtime.local.config import LaunchConfig
+    from runtime.local.launcher import LocalLauncher
 
     lighthouse = None
     launcher = None
     if mode == "ddp":
         launcher = LocalLauncher(LaunchConfig(run_dir=run_dir, command=[], min_replicas=replicas))
-        launcher._start_lighthouse()
+        launcher.start_lighthouse()
         lighthouse = launcher.lighthouse_addr
     try:
         times = spawn(mode, run_dir, replicas, ranks, STEPS, lighthouse=lighthouse)

@@ -40,7 +40,8 @@ SLEEP = os.environ.get("BENCH_STEP_SLEEP_S", "0.1")
 
 def ft(run_dir: Path, default_timeouts: bool) -> dict[str, Any]:
     from runtime.env import Timeouts
-    from runtime.local_launcher import LaunchConfig, launch
+    from runtime.local.config import LaunchConfig
+    from runtime.local.launcher import launch
 
     timeouts = Timeouts(5.0, 60.0, 61.0, 62.0) if default_timeouts else Timeouts()
     s = launch(

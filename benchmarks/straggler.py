@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from runtime.env import Timeouts  # noqa: E402
-from runtime.local_launcher import LaunchConfig, LocalLauncher  # noqa: E402
+from runtime.local.config import LaunchConfig  # noqa: E402
+from runtime.local.launcher import LocalLauncher  # noqa: E402
 
 
 def commits(run_dir: Path, replica: int) -> list[dict[str, Any]]:

@@ -208,7 +208,7 @@ def start(
     tag: str = "",
 ) -> list[subprocess.Popen[bytes]]:
     """Start every rank of a baseline run; the caller waits for (or kills) them."""
-    from runtime.local_launcher import free_port
+    from runtime.net import free_port
 
     run_dir.mkdir(parents=True, exist_ok=True)
     base = {

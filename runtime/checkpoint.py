@@ -118,12 +118,16 @@ class DurableCheckpointer:
         if ft.env.is_leader:
             (path / COMPLETE_MARKER).write_text(str(ft.step))
             self._prune()
-            step_s = sorted(ft._step_times)[len(ft._step_times) // 2] if ft._step_times else 0.0
+            step_s = (
+                sorted(ft.steps.step_times)[len(ft.steps.step_times) // 2]
+                if ft.steps.step_times
+                else 0.0
+            )
             self.last_suggestion = suggest(
                 write_s, self.failures_seen, time.monotonic() - self._started, step_s
             )
             log.warning("step %d: %s", ft.step, self.last_suggestion.line())
-            ft._event(
+            ft.event(
                 "checkpoint", step=ft.step, write_s=write_s, suggestion=self.last_suggestion.line()
             )
         return path
@@ -146,5 +150,5 @@ class DurableCheckpointer:
         state = ft.state_dict()
         dcp.load(state, checkpoint_id=str(path))
         ft.load_state_dict(state)
-        ft._event("restored", step=ft.step, path=str(path))
+        ft.event("restored", step=ft.step, path=str(path))
         return ft.step

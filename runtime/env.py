@@ -1,6 +1,6 @@
 """The environment contract between a replica's launcher and its worker processes.
 
-The sbatch scripts (under Slurm) and the local launcher (`runtime.local_launcher`) both start the
+The sbatch scripts (under Slurm) and the local launcher (`runtime.local.launcher`) both start the
 worker with the same `FTHSDP_*` variables; the worker's ranks come from torchrun-style
 `RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when those are set, else from
 `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` with the replica's first node as the rendezvous host

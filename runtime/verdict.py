@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import ledger
-from runtime.api_files import list_final_shards
+from runtime.worker.outputs import list_final_shards
 
 
 @dataclass(frozen=True)

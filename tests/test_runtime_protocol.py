@@ -21,7 +21,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchft")
 
 from runtime import ledger  # noqa: E402
-from runtime.local_launcher import LaunchConfig, LocalLauncher, RunSummary  # noqa: E402
+from runtime.local.config import LaunchConfig  # noqa: E402
+from runtime.local.launcher import LocalLauncher  # noqa: E402
+from runtime.local.summary import RunSummary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, str(ROOT / "examples" / "train_tiny.py")]

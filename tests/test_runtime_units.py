@@ -121,7 +121,7 @@ def test_classify_text(text: str, failure: str | None, code: int) -> None:
 
 
 def test_classify_carried_exit_code_wins() -> None:
-    from runtime.api import FatalWorkerError
+    from runtime.worker.errors import FatalWorkerError
 
     exc = FatalWorkerError("quorum failed", ExitCode.PROCESS_FAULT, ["timeout"])
     assert classify_failure(exc, "n").exit_code is ExitCode.PROCESS_FAULT

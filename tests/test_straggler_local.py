@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from runtime.env import Timeouts
-from runtime.local_launcher import LaunchConfig, LocalLauncher
+from runtime.local.config import LaunchConfig
+from runtime.local.launcher import LocalLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """`fthsdp run SPEC` (or `run --local SPEC`): a spec's FT-HSDP job on this machine, with faults.
 
-Thin: load the spec, build a `runtime.local_launcher.LaunchConfig`, run it while a rich table
+Thin: load the spec, build a `runtime.local.config.LaunchConfig`, run it while a rich table
 shows each replica's step, state and restarts, then print the summary (or one JSON object with
 `--json`). torch is imported only inside the command, by the launcher's weight comparison.
 """
@@ -188,12 +188,9 @@ def run(
         raise InputError("--restart-delay", restart_delay, "seconds >= 0")
     if chaos_mtbf is not None and chaos_mtbf <= 0:
         raise InputError("--chaos-mtbf", chaos_mtbf, "a positive number of seconds")
-    from runtime.local_launcher import (
-        LocalLauncher,
-        clear_run_state,
-        config_from_spec,
-        local_run_dir,
-    )
+    from runtime.local.config import config_from_spec
+    from runtime.local.launcher import LocalLauncher
+    from runtime.local.run_state import clear_run_state, local_run_dir
     from slurm.spec import load_spec
 
     job = load_spec(spec, overrides)

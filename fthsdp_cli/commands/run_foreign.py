@@ -1,7 +1,7 @@
 """`fthsdp run --local SPEC` for a spec with `[train] mode = "torchft"` (a foreign trainer).
 
 Thin: the options that make sense for a trainer fthsdp does not drive, a
-`runtime.foreign_local.ForeignLocalRun`, and its summary (a table, or one JSON object).
+`runtime.local.foreign.ForeignLocalRun`, and its summary (a table, or one JSON object).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def run_foreign(
     timeout_s: float,
     as_json: bool,
 ) -> None:
-    from runtime.foreign_local import ForeignLocalRun, config_from_spec
-    from runtime.local_launcher import clear_run_state, local_run_dir
+    from runtime.local.foreign import ForeignLocalRun, config_from_spec
+    from runtime.local.run_state import clear_run_state, local_run_dir
 
     for name, value in native_only.items():
         if value not in (None, False):

@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 from runtime.control.coordinator import write_control_file
 from runtime.control.http import RunningCoordinator, start_coordinator
 from runtime.control.settings import CoordinatorConfig
+from runtime.net import free_port
 from slurm.errors import EnvironmentProblem
 
 log = logging.getLogger("fthsdp.control")
@@ -78,13 +79,6 @@ def lighthouse_binary() -> str:
     if not found:
         raise EnvironmentProblem("torchft_lighthouse not found: install torchft==0.2.0")
     return found
-
-
-def free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def port_is_free(host: str, port: int) -> bool:

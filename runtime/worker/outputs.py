@@ -1,7 +1,8 @@
 """Files a worker leaves in the run directory, readable without importing torch.
 
 The launcher and the tests read these to judge a run; keeping their names here (not in
-`runtime.api`, which imports torch) lets them do so from a torch-free process.
+`runtime.api` or the other worker modules, which import torch) lets them do so from a
+torch-free process.
 """
 
 from __future__ import annotations

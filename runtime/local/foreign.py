@@ -37,6 +37,7 @@ from runtime.foreign import (
     stop_leftovers,
     torchft_timeouts,
 )
+from runtime.net import free_port
 
 
 @dataclass
@@ -93,14 +94,6 @@ class _Group:
     killed: bool = False
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ForeignLocalRun:
     def __init__(self, cfg: ForeignConfig) -> None:
         self.cfg = cfg
@@ -143,7 +136,7 @@ class ForeignLocalRun:
         c = self.cfg
         logs = c.run_dir / "logs"
         dump_dir(c.run_dir, g.replica).mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = free_port()
         stem = f"g{g.replica}_i{g.launch}"
         progress = progress_path(c.progress_file, c.run_dir, g.replica) if c.progress_file else None
         launch = ForeignLaunch(

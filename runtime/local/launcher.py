@@ -4,174 +4,37 @@ This is the local stand-in for what Slurm and the coordinator do on a cluster: i
 torchft's lighthouse (the quorum service), starts each replica's ranks with the same environment
 contract the sbatch scripts export (`runtime.env`), and restarts a replica whose processes died,
 as a requeue would, up to `max_restarts_per_replica` within `restart_window_s`, after which the
-replica stays out and the run continues while `min_replicas` hold. Faults can be injected: a
-`kill -9` of one replica at a step, or random kills with an exponential inter-arrival time
-(chaos). A kill is only injected while another replica is healthy and not healing, because the
-committed state lives only in live replicas between durable checkpoints.
+replica stays out and the run continues while `min_replicas` hold. The faults to inject
+(`runtime.local.faults`) and the straggler eviction (`runtime.control.straggler`) end in the
+same kill and restart.
 
-The launcher owns its run directory: each run starts from fresh state files (`clear_run_state`)
-and the workers get the launcher's own Lighthouse address, never a `control.json`; a directory
-that holds a run submitted to Slurm (`jobs.json`) is left alone and the local run goes to its
-`local/` subdirectory instead (`local_run_dir`). The Lighthouse gets a start deadline with one
+The launcher owns its run directory (`runtime.local.run_state`): the workers get the launcher's
+own Lighthouse address, never a `control.json`. The Lighthouse gets a start deadline with one
 retry (`runtime.control.service.Lighthouse`). On SIGTERM or SIGINT the launcher stops every
 process it started (each worker and the Lighthouse run in their own process group, which is
-killed) and returns the summary so far, with the signal in `RunSummary.signal`.
-
-Everything it measures comes from the workers' own files in the run directory: per-replica
-progress events (`progress/r*.jsonl`), the data ledger (`ledger/r*.jsonl`) and the final local
-shards (`final/r*_rank*.pt`). The summary says how many steps committed, the failures injected,
-each healthy replica's stall (its longest gap between commits around a failure, minus a normal
-step), each restarted replica's time to rejoin, whether the final weights agree, the ledger's
-verdict, and the effective training time ratio (ETTR).
+killed) and returns the summary so far (`runtime.local.summary`), with the signal in
+`RunSummary.signal`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
-import random
-import shlex
 import signal
-import socket
-import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from runtime import ledger
-from runtime.api_files import list_final_shards
 from runtime.control.service import Lighthouse, LighthouseConfig
-from runtime.env import Timeouts
-from runtime.verdict import check_ledger, final_weights_agree
-
-
-@dataclass
-class LaunchConfig:
-    run_dir: Path
-    command: list[str]
-    replicas: int = 2
-    ranks_per_replica: int = 2
-    steps: int = 50
-    min_replicas: int = 1
-    max_restarts_per_replica: int = 5
-    restart_window_s: float = 600.0
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    checkpoint_every_steps: int = 0
-    checkpoint_every_s: float = 0.0
-    job_name: str = "fthsdp"
-    kill_replica: int | None = None
-    kill_at_step: int | None = None
-    chaos_mtbf_s: float | None = None
-    seed: int = 0
-    extra_env: dict[str, str] = field(default_factory=dict)
-    run_timeout_s: float = 600.0
-    lighthouse_join_timeout_s: float | None = None
-    #: Wait this long after a replica died before restarting it: the local stand-in for the
-    #: time Slurm takes to requeue, allocate and run the prolog.
-    restart_delay_s: float = 0.0
-    #: Keep this many seconds of warm-up before the first chaos kill.
-    chaos_warmup_s: float = 3.0
-    #: No chaos kill once a replica passed this fraction of the steps, so that restarted
-    #: replicas can rejoin before the end and the final weights of all of them can be compared.
-    chaos_stop_fraction: float = 0.7
-    #: Straggler chaos: this replica's first incarnation runs `slow_factor` times slower (its
-    #: "node" is bad); a restart lands on a healthy "node". Detection and eviction run here as
-    #: the coordinator runs them on Slurm (`runtime.control.straggler`); eviction = restart.
-    slow_replica: int | None = None
-    slow_factor: float = 2.0
-    straggler_window_steps: int = 50
-    straggler_evict: bool = True
-    #: The local restart cost the eviction decision weighs until the run measured its own.
-    straggler_requeue_cost_s: float = 5.0
-    #: The slow replica runs at its normal pace up to this step, then its "node" degrades (a
-    #: straggler is slow against its own recent pace too, so it needs a pace to be slower than).
-    slow_after_step: int = 20
-    #: Straggler detection and eviction hold off while another replica is recovering and for
-    #: this long after it trains again.
-    straggler_recovery_hold_s: float = 1.0
-
-
-@dataclass
-class Failure:
-    replica: int
-    kind: str  # "injected" | "chaos" | "crash"
-    step: int
-    t_kill: float
-    t_restart: float | None = None
-    t_joined: float | None = None
-    t_rejoin: float | None = None
-    exit_codes: list[int] = field(default_factory=list)
-    detail: str = ""
-
-
-@dataclass
-class LocalReplica:
-    """One replica as the local launcher runs it: its processes, restarts and progress."""
-
-    replica: int
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    incarnation: int = 0
-    restarts: list[float] = field(default_factory=list)
-    state: str = "starting"
-    step: int = 0
-    healing: bool = False
-    last_commit_t: float | None = None
-    commits: list[tuple[float, int, bool, str]] = field(default_factory=list)
-    joined: dict[str, float] = field(default_factory=dict)
-    offset: int = 0
-    exit_codes: list[int] = field(default_factory=list)
-    #: When (monotonic) it last began training after starting or healing.
-    training_since: float | None = None
-
-
-@dataclass
-class RunSummary:
-    steps: int
-    target_steps: int
-    replicas: int
-    failures: list[dict[str, Any]]
-    weights_agree: bool
-    ledger_ok: bool
-    ledger_problems: list[str]
-    max_healthy_stall_s: float
-    stalls_s: list[float]
-    rejoin_s: list[float]
-    rejoin_after_load_s: list[float]
-    ettr: float
-    median_step_s: float
-    wall_s: float
-    restarts: dict[int, int]
-    replicas_out: list[int]
-    finished_replicas: list[int]
-    ok: bool
-    error: str | None = None
-    #: Straggler decisions taken (replica, action, why, t, step), oldest first.
-    straggler_decisions: list[dict[str, Any]] = field(default_factory=list)
-    #: The signal (SIGTERM, SIGINT) that stopped the run early, if one did.
-    signal: int | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def resolve_command(command: str | list[str]) -> list[str]:
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
+from runtime.local.config import LaunchConfig, resolve_command
+from runtime.local.faults import Failure, FaultInjector
+from runtime.local.replicas import LocalReplica
+from runtime.local.summary import RunSummary, summarize
+from runtime.net import free_port
 
 
 class StoppedBySignal(Exception):
@@ -188,15 +51,13 @@ class LocalLauncher:
     ) -> None:
         self.cfg = cfg
         self.on_update = on_update
-        self.rng = random.Random(cfg.seed)
         self.replicas = [LocalReplica(r) for r in range(cfg.replicas)]
         self.failures: list[Failure] = []
         self.lighthouse: Lighthouse | None = None
         self.lighthouse_addr = ""
         self.stop_signal: int | None = None
         self._starting = False
-        self._killed_once = False
-        self._next_chaos: float | None = None
+        self.faults = FaultInjector(cfg, self._inject)
         self._any_done = False
         self._t0 = 0.0
         from runtime.control.straggler.detect import StragglerConfig
@@ -218,7 +79,7 @@ class LocalLauncher:
         self.straggler_decisions: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- processes
-    def _start_lighthouse(self) -> None:
+    def start_lighthouse(self) -> None:
         """Start the Lighthouse and wait until it listens (a deadline, one retry)."""
         cfg = self.cfg
         join_s = cfg.lighthouse_join_timeout_s or min(cfg.timeouts.join_s, 5.0)
@@ -360,7 +221,7 @@ class LocalLauncher:
     # ---------------------------------------------------------------- stragglers
     def _recovering(self, replica: int) -> tuple[int, ...]:
         """The other replicas starting, dead, healing, or training again for less than the
-        hold (`runtime.control.straggler.service.recovering_replicas`' local counterpart)."""
+        hold (`runtime.control.straggler.recovering_replicas`' local counterpart)."""
         hold = self.cfg.straggler_recovery_hold_s
         now = time.monotonic()
         return tuple(
@@ -410,49 +271,10 @@ class LocalLauncher:
                 self.failures[-1].detail = d.reason or d.why
 
     # ---------------------------------------------------------------- faults
-    def _healthy_others(self, victim: LocalReplica) -> bool:
-        now = time.time()
-        # The launcher's view of a replica lags its processes: one that just died on its own still
-        # reads "training" until `_supervise` collects it, so ask the processes too.
-        return any(
-            o is not victim
-            and o.state == "training"
-            and o.last_commit_t is not None
-            and now - o.last_commit_t < 2.0
-            and all(p.poll() is None for p in o.procs)
-            for o in self.replicas
-        )
-
     def _inject(self, rs: LocalReplica, kind: str) -> None:
         self.failures.append(Failure(rs.replica, kind, rs.step, time.time()))
         self._kill(rs)
         rs.state = "dead"
-
-    def _faults(self) -> None:
-        cfg = self.cfg
-        if cfg.kill_replica is not None and cfg.kill_at_step is not None and not self._killed_once:
-            rs = self.replicas[cfg.kill_replica]
-            due = rs.state == "training" and rs.step >= cfg.kill_at_step
-            if due and (self._healthy_others(rs) or cfg.replicas == 1):
-                self._killed_once = True
-                self._inject(rs, "injected")
-        if cfg.chaos_mtbf_s:
-            now = time.monotonic()
-            if self._next_chaos is None:
-                self._next_chaos = (
-                    now + cfg.chaos_warmup_s + self.rng.expovariate(1 / cfg.chaos_mtbf_s)
-                )
-            elif (
-                now >= self._next_chaos
-                and not self._any_done
-                and max(r.step for r in self.replicas) < cfg.chaos_stop_fraction * cfg.steps
-            ):
-                candidates = [
-                    r for r in self.replicas if r.state == "training" and self._healthy_others(r)
-                ]
-                if candidates:
-                    self._inject(self.rng.choice(candidates), "chaos")
-                    self._next_chaos = now + self.rng.expovariate(1 / cfg.chaos_mtbf_s)
 
     def _supervise(self, rs: LocalReplica) -> None:
         if rs.state in ("done", "out"):
@@ -513,7 +335,7 @@ class LocalLauncher:
         try:
             self._starting = True
             try:
-                self._start_lighthouse()
+                self.start_lighthouse()
             except StoppedBySignal:
                 pass  # stop_signal is set: nothing is launched, the loop ends at once
             finally:
@@ -530,7 +352,7 @@ class LocalLauncher:
                 for rs in self.replicas:
                     self._read_progress(rs)
                 self._degrade()
-                self._faults()
+                self.faults.tick(self.replicas, self._any_done)
                 self._evict_stragglers()
                 for rs in self.replicas:
                     self._supervise(rs)
@@ -555,181 +377,19 @@ class LocalLauncher:
             self._read_progress(rs)
         return self.summarize(error)
 
-    # ---------------------------------------------------------------- summary
     def summarize(self, error: str | None = None) -> RunSummary:
-        cfg = self.cfg
-        for f in self.failures:
-            rs = self.replicas[f.replica]
-            if f.t_restart is None:
-                continue
-            incarnations = [inc for t, _, _, inc in rs.commits if t >= f.t_restart]
-            if incarnations:
-                inc = incarnations[0]
-                f.t_joined = rs.joined.get(inc)
-                first = [t for t, _, heal, i in rs.commits if i == inc and not heal]
-                f.t_rejoin = first[0] if first else None
-        intervals = []
-        for rs in self.replicas:
-            ts = [t for t, _, heal, _ in rs.commits if not heal]
-            intervals += [b - a for a, b in itertools.pairwise(ts)]
-        median_step = statistics.median(intervals) if intervals else 0.0
-        stalls = []
-        for f in self.failures:
-            for rs in self.replicas:
-                if rs.replica == f.replica:
-                    continue
-                before = [t for t, *_ in rs.commits if t <= f.t_kill]
-                after = [t for t, *_ in rs.commits if t > f.t_kill]
-                if not (before and after):
-                    continue
-                # A replica killed itself within this gap was not a healthy one waiting.
-                if any(
-                    g.replica == rs.replica and before[-1] < g.t_kill < after[0]
-                    for g in self.failures
-                ):
-                    continue
-                stalls.append(max(0.0, after[0] - before[-1] - median_step))
-        records = ledger.read_log(sorted((cfg.run_dir / "ledger").glob("r*.jsonl")))
-        checked = check_ledger(cfg.run_dir, cfg.steps)
-        steps, ledger_ok, problems = checked.steps, checked.ok, checked.problems
-        weights_agree = self._weights_agree()
-        all_commit_t = [t for rs in self.replicas for t, *_ in rs.commits]
-        joined_t = [t for rs in self.replicas for t in rs.joined.values()]
-        ettr = 0.0
-        if all_commit_t and joined_t and median_step > 0:
-            by_step = {r.step: r.participants for r in records}
-            useful = sum(by_step.values()) * median_step
-            span = max(all_commit_t) - min(joined_t)
-            ettr = min(1.0, useful / (cfg.replicas * span)) if span > 0 else 0.0
-        rejoin = [f.t_rejoin - f.t_restart for f in self.failures if f.t_rejoin and f.t_restart]
-        after_load = [f.t_rejoin - f.t_joined for f in self.failures if f.t_rejoin and f.t_joined]
-        ok = error is None and weights_agree and ledger_ok
-        return RunSummary(
-            steps=steps,
-            target_steps=cfg.steps,
-            replicas=cfg.replicas,
-            failures=[asdict(f) for f in self.failures],
-            weights_agree=weights_agree,
-            ledger_ok=ledger_ok,
-            ledger_problems=problems[:20],
-            max_healthy_stall_s=max(stalls, default=0.0),
-            stalls_s=stalls,
-            rejoin_s=rejoin,
-            rejoin_after_load_s=after_load,
-            ettr=ettr,
-            median_step_s=median_step,
-            wall_s=time.time() - self._t0,
-            restarts={rs.replica: len(rs.restarts) for rs in self.replicas},
-            replicas_out=[rs.replica for rs in self.replicas if rs.state == "out"],
-            finished_replicas=sorted(list_final_shards(cfg.run_dir)),
-            ok=ok,
+        return summarize(
+            self.cfg,
+            self.replicas,
+            self.failures,
+            started=self._t0,
             error=error,
             straggler_decisions=self.straggler_decisions,
-            signal=self.stop_signal,
+            stop_signal=self.stop_signal,
         )
-
-    def _weights_agree(self) -> bool:
-        """Final local shards of every finished replica are allclose, rank by rank."""
-        shards = list_final_shards(self.cfg.run_dir)
-        finished = [r.replica for r in self.replicas if r.state == "done" and r.replica in shards]
-        return final_weights_agree(self.cfg.run_dir, finished)
 
 
 def launch(
     cfg: LaunchConfig, on_update: Callable[[list[LocalReplica]], None] | None = None
 ) -> RunSummary:
     return LocalLauncher(cfg, on_update).run()
-
-
-def config_from_spec(
-    spec: Any,
-    *,
-    replicas: int | None = None,
-    ranks_per_replica: int | None = None,
-    steps: int | None = None,
-    run_dir: Path | None = None,
-    **faults: Any,
-) -> LaunchConfig:
-    """A `LaunchConfig` from a `slurm.spec.JobSpec` (CLI options override the spec)."""
-    from slurm.errors import InputError
-
-    train = spec.train
-    timeouts = Timeouts(
-        heartbeat_s=float(train.heartbeat_timeout_s),
-        allreduce_s=float(train.allreduce_timeout_s),
-        quorum_s=float(train.quorum_timeout_s),
-        join_s=float(train.join_timeout_s),
-    )
-    if (why := timeouts.problem()) is not None:
-        raise InputError("train.allreduce_timeout_s", train.allreduce_timeout_s, why)
-    per_node = spec.replicas.tasks_per_node or max(spec.replicas.gpus_per_node, 1)
-    count = replicas if replicas is not None else spec.replicas.count
-    if count < 1:
-        raise InputError("--replicas", count, "at least 1")
-    ranks = ranks_per_replica if ranks_per_replica is not None else spec.replicas.nodes * per_node
-    if ranks < 1:
-        raise InputError("--ranks-per-replica", ranks, "at least 1")
-    kill = faults.get("kill_replica")
-    if kill is not None and not 0 <= kill < count:
-        raise InputError("--kill-replica", kill, f"a replica id in 0..{count - 1}")
-    slow = faults.get("slow_replica")
-    if slow is not None and not 0 <= slow < count:
-        raise InputError("--slow-replica", slow, f"a replica id in 0..{count - 1}")
-    factor = faults.get("slow_factor", 2.0)
-    if not 1.0 <= factor <= 100.0:
-        raise InputError("--slow-factor", factor, "a factor in [1, 100]")
-    return LaunchConfig(
-        run_dir=run_dir if run_dir is not None else Path(spec.job.run_dir),
-        command=resolve_command(train.command),
-        replicas=count,
-        ranks_per_replica=ranks,
-        steps=steps if steps is not None else (train.steps or 100),
-        min_replicas=min(train.min_replicas, count),
-        max_restarts_per_replica=train.max_restarts_per_replica,
-        restart_window_s=float(train.restart_window_s),
-        timeouts=timeouts,
-        checkpoint_every_steps=train.checkpoint_every_steps,
-        checkpoint_every_s=float(train.checkpoint_every_s),
-        job_name=spec.job.name,
-        **faults,
-    )
-
-
-#: Run-directory entries a fresh local run clears (durable checkpoints are kept with --resume).
-RUN_STATE = (
-    "progress",
-    "ledger",
-    "final",
-    "logs",
-    "finished",
-    "slow",
-    "rendezvous",
-    "control.json",
-    "control.sqlite",
-    "control.sqlite-wal",
-    "control.sqlite-shm",
-)
-#: Where a local run goes inside a directory that holds a run submitted to Slurm.
-LOCAL_SUBDIR = "local"
-
-
-def local_run_dir(run_dir: Path) -> tuple[Path, str | None]:
-    """The directory a local run owns for `run_dir`, and a note when it is not `run_dir`
-    itself: a directory with a submitted run (`jobs.json`) is that run's, so the local run
-    goes to its `local/` subdirectory and leaves the submitted run's files alone."""
-    if (run_dir / "jobs.json").exists():
-        own = run_dir / LOCAL_SUBDIR
-        return own, f"{run_dir} holds a run submitted to Slurm; this local run uses {own}"
-    return run_dir, None
-
-
-def clear_run_state(run_dir: Path, keep_checkpoints: bool) -> None:
-    import shutil
-
-    names = RUN_STATE if keep_checkpoints else (*RUN_STATE, "checkpoints")
-    for name in names:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()

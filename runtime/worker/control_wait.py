@@ -1,0 +1,108 @@
+"""Waiting for the quorum service: at the start, and out a control-plane restart.
+
+A worker may start before the control job's Lighthouse listens, and the control job may be
+restarted while the run trains. `wait_for_lighthouse` waits (re-reading the control file) until
+the Lighthouse accepts connections. `ControlRestartWait` decides, after a failed quorum, whether
+the control job was restarted and came back at the same address (retry the quorum) or the
+failure is real or the Lighthouse moved (a process fault: torchft's Manager cannot follow a
+Lighthouse that moved, so the supervisor relaunches the step with the new address).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from urllib.parse import urlparse
+
+from runtime.control.report import ExitCode
+from runtime.env import WorkerEnv
+from runtime.worker.errors import FatalWorkerError
+
+log = logging.getLogger("fthsdp.runtime")
+
+
+def lighthouse_reachable(address: str) -> bool:
+    parsed = urlparse(address)
+    if not parsed.hostname or not parsed.port:
+        return False
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_lighthouse(env: WorkerEnv, deadline_s: float) -> str:
+    """Return the lighthouse URL once it accepts TCP connections; re-reads the control file.
+
+    Retries with backoff (0.1 s doubling to 2 s) and prints one message while waiting; raises
+    `FatalWorkerError(NO_QUORUM_SERVICE)` after `deadline_s`.
+    """
+    start = time.monotonic()
+    delay = 0.1
+    told = False
+    last = "no control file yet"
+    while True:
+        found = env.endpoints()
+        if found is not None:
+            parsed = urlparse(found.lighthouse)
+            host, port = parsed.hostname, parsed.port
+            if host and port:
+                try:
+                    with socket.create_connection((host, port), timeout=1.0):
+                        return found.lighthouse
+                except OSError as exc:
+                    last = f"{found.lighthouse}: {exc}"
+            else:
+                last = f"bad lighthouse address {found.lighthouse!r}"
+        if time.monotonic() - start > deadline_s:
+            raise FatalWorkerError(
+                f"quorum service unreachable after {deadline_s:.0f}s ({last})",
+                ExitCode.NO_QUORUM_SERVICE,
+            )
+        if not told:
+            print(f"fthsdp: waiting for the quorum service ({last})", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+class ControlRestartWait:
+    """The Lighthouse this worker's Manager was built with, and the control job's start time
+    it saw then (`control.json`'s `started_at`), to tell a restart from a real failure."""
+
+    def __init__(self, env: WorkerEnv, lighthouse: str) -> None:
+        self.env = env
+        self.lighthouse = lighthouse
+        found = env.endpoints()
+        self.control_started_at = found.started_at if found else None
+
+    def wait_out(self, exc: Exception, give_up: float) -> None:
+        """After a failed quorum: return (to retry it) if the control job was restarted and its
+        Lighthouse is back at the same address; raise the process fault otherwise.
+
+        torchft's Manager keeps the Lighthouse address it was built with and reconnects to it;
+        it cannot follow a Lighthouse that moved, so then this rank exits with a process fault
+        and its supervisor relaunches the step in place with the new address.
+        """
+        failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
+        found = self.env.endpoints()
+        restarted = found is not None and found.started_at != self.control_started_at
+        if not restarted and found is not None and lighthouse_reachable(found.lighthouse):
+            raise failed from exc  # the quorum service is up and unchanged: a real failure
+        remaining = give_up - time.monotonic()
+        try:
+            lighthouse = wait_for_lighthouse(self.env, max(0.0, remaining))
+        except FatalWorkerError:
+            raise failed from exc
+        if lighthouse != self.lighthouse:
+            raise FatalWorkerError(
+                f"the quorum service moved from {self.lighthouse} to {lighthouse} (control job "
+                "restarted elsewhere); exiting to be relaunched with the new address",
+                ExitCode.PROCESS_FAULT,
+            ) from exc
+        found = self.env.endpoints()
+        self.control_started_at = found.started_at if found else None
+        log.warning("quorum failed while the control plane restarted; retrying: %s", exc)
