@@ -260,7 +260,7 @@ def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
     if cfg is None:
         return
     from slurm.backend import CommandBackend, SlurmCommandError
-    from slurm.run_dir import read_run
+    from slurm.rundir import read_run
     from slurm.submit import cancel_run
 
     try:

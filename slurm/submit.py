@@ -10,7 +10,7 @@ Before anything is written, `SLURM_CONF` (when set) must name a readable, non-em
 commands retry a missing one for a minute and then print several lines), the spec is checked
 against what the cluster offers (GPUs per node in the partition) when Slurm answers, and the
 run_dir is refused if it holds a live run (even with `force`) or an earlier run's state (unless
-`force`, which moves that state to `run_dir/archive/<time>/` first; see `slurm.run_dir`).
+`force`, which moves that state to `run_dir/archive/<time>/` first; see `slurm.rundir`).
 
 A submit is all or nothing for the run directory too: if any step fails, the files it wrote are
 removed and the ones it replaced are put back (a new run_dir is removed entirely), so a failed
@@ -35,7 +35,7 @@ from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError, SlurmOutput
 from slurm.doctor import require_topology_support
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.render import RenderedScript, render_run, write_scripts
-from slurm.run_dir import (
+from slurm.rundir import (
     JOBS_FILE,
     LOG_DIR,
     RUN_DIR_MODE,

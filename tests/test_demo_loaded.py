@@ -30,7 +30,7 @@ from runtime.control.journal import Journal
 from slurm import devcluster
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
-from slurm.run_dir import read_run
+from slurm.rundir import read_run
 
 
 def _demo() -> Any:

@@ -28,7 +28,7 @@ from slurm.backend import CommandBackend, JobInfo
 from slurm.devcluster import DevClusterConfig
 from slurm.errors import InputError
 from slurm.render import render_run, write_scripts
-from slurm.run_dir import RunRecord, is_live, live_jobs, read_run
+from slurm.rundir import RunRecord, is_live, live_jobs, read_run
 from slurm.spec import JobSpec, parse_spec
 from slurm.submit import cancel_run, submit_run
 

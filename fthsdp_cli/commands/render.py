@@ -124,7 +124,7 @@ def cancel(run_dir: Path) -> None:
     """Cancel every job of a run that is still queued or running (as recorded in
     RUN_DIR/jobs.json); says which had already finished."""
     from slurm.backend import default_backend
-    from slurm.run_dir import live_jobs, read_run
+    from slurm.rundir import live_jobs, read_run
     from slurm.submit import check_slurm_conf
 
     record = read_run(run_dir)

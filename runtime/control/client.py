@@ -121,7 +121,7 @@ def request_requeue(
     timeout: float = 5.0,
 ) -> dict[str, Any]:
     """Requeue one replica's job (draining `drain` first) via the coordinator, else directly."""
-    from slurm.run_dir import read_run
+    from slurm.rundir import read_run
 
     job_id = read_run(run_dir).replica(replica).job_id
     url = coordinator_url(run_dir)

@@ -110,7 +110,7 @@ from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.run_dir import TERMINAL_STATES, read_job_ids, read_spec_data
+from slurm.rundir import TERMINAL_STATES, read_job_ids, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
 

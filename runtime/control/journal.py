@@ -74,7 +74,7 @@ from runtime.control.policy import (
     event_to_dict,
 )
 from runtime.control.report import MAX_CLOCK_SKEW_S
-from slurm.run_dir import RunFileError
+from slurm.rundir import RunFileError
 
 log = logging.getLogger("fthsdp.journal")
 

@@ -267,7 +267,7 @@ def read_pool(run_dir: Path) -> Pool | None:
 
 
 def write_pool(run_dir: Path, pool: Pool) -> None:
-    from slurm.run_dir import write_private
+    from slurm.rundir import write_private
 
     write_private(Path(run_dir) / SPARES_FILE, json.dumps(pool.to_dict(), indent=1) + "\n")
 
@@ -510,7 +510,7 @@ async def on_poll(coord: Coordinator, every: int = 3) -> None:
 
 def _script_of(run_dir: Path, replica: int) -> str:
     """The replica's script name as jobs.json records it."""
-    from slurm.run_dir import read_run
+    from slurm.rundir import read_run
 
     for rec in read_run(run_dir).replicas:
         if rec.replica == replica and _SCRIPT.fullmatch(rec.script):
@@ -554,7 +554,7 @@ def agent(run_dir: Path, job_id: str, poll_s: float = 0.5, control_every_s: floa
 def replica_logs(run_dir: Path, script: str, job_id: str) -> tuple[Path, Path]:
     """The stdout and stderr files a replica's script gets in job `job_id` (`--output` and
     `--error` of its `#SBATCH` block, `%j` filled in)."""
-    from slurm.run_dir import LOG_DIR
+    from slurm.rundir import LOG_DIR
 
     stem = Path(run_dir) / LOG_DIR / f"{script.removesuffix('.sbatch')}-{job_id}"
     return stem.with_name(stem.name + ".out"), stem.with_name(stem.name + ".err")
@@ -590,7 +590,7 @@ def _become(run_dir: Path, slot: Slot, job_id: str) -> int:
 
 
 def _control_job(run_dir: Path) -> str | None:
-    from slurm.run_dir import read_run
+    from slurm.rundir import read_run
 
     try:
         record = read_run(run_dir)

@@ -240,7 +240,7 @@ class Supervisor:
         self.hung: str | None = None
         self._control_job: str | None = None
         try:
-            from slurm.run_dir import read_run
+            from slurm.rundir import read_run
 
             record = read_run(config.run_dir)
             self._control_job = record.control.job_id if record.control else None
@@ -405,7 +405,7 @@ class Supervisor:
             return None
         if not infos:
             return "gone"
-        from slurm.run_dir import TERMINAL_STATES
+        from slurm.rundir import TERMINAL_STATES
 
         state = infos[0].state.upper()
         return state if state in TERMINAL_STATES else None
