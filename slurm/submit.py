@@ -40,21 +40,24 @@ from slurm.rundir import (
     LOG_DIR,
     RUN_DIR_MODE,
     SECRET_FILE,
+    SPARE_SCRIPT,
+    SPARES_FILE,
     SPEC_FILE,
     JobRecord,
+    Pool,
     RunRecord,
+    Slot,
     archive_state,
     check_resubmit,
+    create_secret,
     new_record,
+    pool_job_ids,
     restore_archive,
+    write_pool,
     write_private,
     write_run,
 )
 from slurm.spec import JobSpec
-
-#: The spare slot script and the pool file (`runtime.control.spares` reads and writes it).
-SPARE_SCRIPT = "spare.sbatch"
-SPARES_FILE = "spares.json"
 
 _GRES_GPU = re.compile(r"^gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)")
 
@@ -114,9 +117,6 @@ def check_slurm_conf(env: Mapping[str, str] | None = None) -> None:
 
 def prepare_run_dir(spec: JobSpec, scripts: list[RenderedScript]) -> None:
     """Write scripts, spec.json, logs/ and a fresh secret into run_dir (0700, files 0600)."""
-    # Imported here: runtime.control.report is torch-free, but the CLI's import path stays short.
-    from runtime.control.report import create_secret
-
     run = spec.run_dir
     run.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
     if run.stat().st_uid == os.geteuid():
@@ -230,8 +230,6 @@ def _submit_scripts(
 def submit_spares(spec: JobSpec, backend: SlurmBackend, control_id: str) -> list[str]:
     """Write the slot script, queue `spares.nodes / replicas.nodes` slots after the replicas (on
     a busy cluster the replicas' own nodes come first) and record them in the pool file."""
-    from runtime.control.spares import Pool, Slot, write_pool
-
     run = spec.run_dir
     path = run / SPARE_SCRIPT
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
@@ -285,8 +283,6 @@ def render_spare(spec: JobSpec) -> str:
 def cancel_run(record: RunRecord, backend: SlurmBackend) -> list[str]:
     """Cancel every job of a run (replicas and spare slots first, so none outlives its control
     plane)."""
-    from runtime.control.spares import pool_job_ids
-
     ids = [r.job_id for r in record.replicas] + pool_job_ids(Path(record.run_dir))
     ids += [record.control.job_id] if record.control else []
     backend.cancel(ids)

@@ -8,19 +8,15 @@ from pathlib import Path
 import pytest
 
 from runtime.control.spares import (
-    Pool,
-    PoolFileError,
-    Slot,
     SlotView,
     assign,
     choose_slot,
     plan_upkeep,
     pool_summary,
-    read_pool,
-    write_pool,
 )
 from slurm.backend import SlurmCommandError
 from slurm.errors import InputError
+from slurm.rundir import Pool, PoolFileError, Slot, read_pool, write_pool
 from slurm.spec import parse_spec
 
 IDLE = Slot("11")

@@ -105,7 +105,7 @@ def submit(
         table.add_row(
             j.role, "" if j.replica is None else str(j.replica), j.job_id, j.job_name, j.script
         )
-    from runtime.control.spares import pool_job_ids
+    from slurm.rundir import pool_job_ids
 
     for job_id in pool_job_ids(Path(record.run_dir)):  # [spares]: the slot jobs
         table.add_row("spare", "", job_id, f"{record.name}-spare", "spare.sbatch")
@@ -130,8 +130,8 @@ def cancel(run_dir: Path) -> None:
     record = read_run(run_dir)
     check_slurm_conf()
     backend = default_backend(notice=stderr_notice)
-    from runtime.control.spares import PoolFileError, read_pool
     from slurm.errors import InputError
+    from slurm.rundir import PoolFileError, read_pool
 
     # The hot-spare slots (a replica may run in one). A pool file that cannot be read still
     # lets the rest be cancelled, then fails: its slot jobs may hold nodes.
