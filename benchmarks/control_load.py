@@ -450,7 +450,7 @@ def main() -> int:
                 raise SystemExit(f"control_load: coordinator did not start; see {run_dir}")
             time.sleep(0.1)
         url = (run_dir / "url").read_text()
-        from runtime.control.report import read_secret
+        from slurm.rundir import read_secret
 
         secret = read_secret(run_dir / "secret")
         check_protocol(url, secret, 0)

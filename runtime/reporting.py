@@ -33,11 +33,11 @@ from runtime.control.report import (
     FailureClass,
     ReplicaReport,
     check_node,
-    read_secret,
     replica_key_id,
     sign,
 )
 from runtime.env import WorkerEnv
+from slurm.rundir import read_secret
 
 log = logging.getLogger("fthsdp.reporting")
 

@@ -28,12 +28,12 @@ from runtime.control.report import (
     NONCE_HEADER,
     SIGNATURE_HEADER,
     ReplicaReport,
-    read_secret,
     replica_key_id,
     sign,
 )
 from slurm.backend import JobInfo, NodeInfo
 from slurm.errors import EnvironmentProblem
+from slurm.rundir import read_secret
 
 
 class RecordingBackend:

@@ -14,16 +14,11 @@ from typing import Any, ClassVar
 import pytest
 
 from runtime.checkpoint import suggest, young_daly_interval_s
-from runtime.control.report import (
-    ExitCode,
-    create_secret,
-    derive_key,
-    replica_key_id,
-    verify,
-)
+from runtime.control.report import ExitCode, derive_key, replica_key_id, verify
 from runtime.env import EnvError, Timeouts, parse_env, read_control, slurm_port
 from runtime.reporting import ReportClient, classify_failure, classify_text
 from runtime.watchdog import NodeWatchdog, verdict_of
+from slurm.rundir import create_secret
 
 BASE = {
     "FTHSDP_RUN_DIR": "/tmp/run",

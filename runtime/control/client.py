@@ -17,9 +17,10 @@ from typing import Any
 import hostlist
 
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
-from runtime.control.report import CONTROL_KEY, read_secret, sign
+from runtime.control.report import CONTROL_KEY, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
+from slurm.rundir import read_secret
 
 #: squeue state -> the status table's state when the coordinator has nothing to say.
 _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}

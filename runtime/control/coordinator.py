@@ -97,9 +97,7 @@ from runtime.control.report import (
     ReplicaReport,
     RequeueRequest,
     SignatureError,
-    create_secret,
     derive_key,
-    read_secret,
     replica_key_id,
     signed_headers,
     verify,
@@ -110,7 +108,7 @@ from runtime.control.spares import on_poll as spares_on_poll
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.rundir import TERMINAL_STATES, read_job_ids, read_spec_data
+from slurm.rundir import TERMINAL_STATES, create_secret, read_job_ids, read_secret, read_spec_data
 
 log = logging.getLogger("fthsdp.coordinator")
 

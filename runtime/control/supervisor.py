@@ -54,9 +54,10 @@ from typing import TYPE_CHECKING, Any
 
 import hostlist
 
-from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
+from runtime.control.report import ExitCode, ReplicaReport, replica_key_id, sign
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.rundir import read_secret
 
 if TYPE_CHECKING:
     from runtime.reporting import ReportClient
