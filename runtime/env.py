@@ -22,11 +22,12 @@ one failed collective, and a replica's first quorum waits longest of all, for pe
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from slurm.rundir import RunFileError, read_control_file
 
 #: Default timeouts (seconds), also the spec's `[train]` defaults.
 DEFAULT_HEARTBEAT_S = 2.0
@@ -120,21 +121,15 @@ class WorkerEnv:
 
 
 def read_control(path: Path) -> ControlEndpoints | None:
-    """The control file's endpoints, or None while it is absent or half-written."""
+    """The control file's endpoints, or None while it is absent, half-written or names no
+    Lighthouse (the control job may be being requeued: the caller retries)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        found = read_control_file(path)
+    except RunFileError:
         return None
-    lighthouse = data.get("lighthouse") if isinstance(data, dict) else None
-    if not isinstance(lighthouse, str) or not lighthouse:
+    if found is None or not found.lighthouse:
         return None
-    coordinator = data.get("coordinator")
-    started = data.get("started_at")
-    return ControlEndpoints(
-        lighthouse,
-        coordinator if isinstance(coordinator, str) else None,
-        float(started) if isinstance(started, (int, float)) else None,
-    )
+    return ControlEndpoints(found.lighthouse, found.coordinator, found.started_at)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:

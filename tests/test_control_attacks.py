@@ -283,7 +283,7 @@ async def _read_views(run_dir: Path) -> dict[str, Any]:
                 metrics = (resp.status, await resp.text())
         # What `fthsdp status` asks: the signed client reading control.json.
         from runtime.control.client import fetch_state
-        from runtime.control.coordinator import write_control_file
+        from slurm.rundir import write_control_file
 
         write_control_file(run_dir, {"coordinator": running.url})
         status = await asyncio.get_running_loop().run_in_executor(None, fetch_state, run_dir)

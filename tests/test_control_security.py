@@ -236,7 +236,7 @@ def test_binds_only_where_told(tmp_path: Path) -> None:
 
 
 def test_control_file_is_written_atomically(tmp_path: Path) -> None:
-    from runtime.control.coordinator import write_control_file
+    from slurm.rundir import write_control_file
 
     write_control_file(tmp_path, {"coordinator": "http://a:1"})
     write_control_file(tmp_path, {"coordinator": "http://b:2"})

@@ -20,7 +20,7 @@ from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
 from runtime.control.report import CONTROL_KEY, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
-from slurm.rundir import read_secret
+from slurm.rundir import read_control, read_secret
 
 #: squeue state -> the status table's state when the coordinator has nothing to say.
 _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}
@@ -29,19 +29,8 @@ _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeu
 def coordinator_url(run_dir: Path) -> str | None:
     """The coordinator's URL from `control.json`; None while there is none (not written yet,
     or being replaced). A file of another shape is an `InputError`, never "no coordinator"."""
-    path = Path(run_dir) / "control.json"
-    try:
-        data = json.loads(path.read_text())
-    except OSError:
-        return None
-    except ValueError:
-        raise InputError(str(path), "not JSON", "the control job's JSON object") from None
-    value = data.get("coordinator") if isinstance(data, dict) else data
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise InputError(f"{path}: coordinator", value, "an http:// URL") from None
-    return value
+    found = read_control(run_dir)
+    return None if found is None else found.coordinator
 
 
 def fetch_state(run_dir: Path, timeout: float = 2.0) -> dict[str, Any] | None:

@@ -41,7 +41,6 @@ import functools
 import hmac
 import json
 import logging
-import os
 import socket
 import stat
 import time
@@ -925,15 +924,3 @@ async def start_coordinator(
     port = int(runner.addresses[0][1]) if runner.addresses else config.port
     host = config.host if ":" not in config.host else f"[{config.host}]"
     return RunningCoordinator(coord, runner, f"http://{host}:{port}")
-
-
-def write_control_file(run_dir: Path, data: dict[str, Any]) -> Path:
-    """Write `run_dir/control.json` atomically (replicas may read it at any moment), mode 0600."""
-    path = run_dir / "control.json"
-    tmp = path.with_name(f".control.json.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-    return path

@@ -57,7 +57,7 @@ import hostlist
 from runtime.control.report import ExitCode, ReplicaReport, replica_key_id, sign
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.rundir import read_secret
+from slurm.rundir import CONTROL_FILE, RunFileError, read_control, read_secret
 
 if TYPE_CHECKING:
     from runtime.reporting import ReportClient
@@ -157,21 +157,19 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
     """Why the run's control plane is not usable yet, or None once it is: `control.json`
     written by the control job `control_job` (when known), its coordinator (and Lighthouse,
     when it has one) accepting connections."""
-    path = run_dir / "control.json"
+    path = run_dir / CONTROL_FILE
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+        data = read_control(run_dir)
+    except RunFileError as exc:
+        return f"{path} not readable yet ({exc.allowed})"
+    if data is None:
         return f"no {path} yet"
-    except (OSError, ValueError) as exc:
-        return f"{path} not readable yet ({exc})"
-    if not isinstance(data, dict):
-        return f"{path} is not an object"
-    written_by = data.get("job_id")
+    written_by = data.job_id
     if control_job and written_by and written_by != control_job:
         return f"{path} is from control job {written_by}, not this run's {control_job}"
-    if not _answers(data.get("coordinator")):
-        return f"coordinator {data.get('coordinator')} not answering"
-    lighthouse = data.get("lighthouse")
+    if not _answers(data.coordinator):
+        return f"coordinator {data.coordinator} not answering"
+    lighthouse = data.lighthouse
     if lighthouse is not None and not _answers(lighthouse):
         return f"Lighthouse {lighthouse} not answering"
     return None
@@ -180,10 +178,10 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
 def _control_address(run_dir: Path, key: str) -> str | None:
     """One address from `control.json`, or None while the control job has not written it."""
     try:
-        data = json.loads((run_dir / "control.json").read_text())
-    except (OSError, ValueError):
+        data = read_control(run_dir)
+    except RunFileError:
         return None
-    value = data.get(key) if isinstance(data, dict) else None
+    value = getattr(data, key) if data is not None else None
     return value if isinstance(value, str) and value else None
 
 
