@@ -260,8 +260,8 @@ def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
     if cfg is None:
         return
     from slurm.backend import CommandBackend, SlurmCommandError
+    from slurm.cancel import cancel_run
     from slurm.rundir import read_run
-    from slurm.submit import cancel_run
 
     try:
         cancel_run(read_run(RUN_DIR), CommandBackend(timeout=20))

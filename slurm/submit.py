@@ -51,7 +51,6 @@ from slurm.rundir import (
     check_resubmit,
     create_secret,
     new_record,
-    pool_job_ids,
     restore_archive,
     write_pool,
     write_private,
@@ -278,12 +277,3 @@ def render_spare(spec: JobSpec) -> str:
         )
     )
     return text
-
-
-def cancel_run(record: RunRecord, backend: SlurmBackend) -> list[str]:
-    """Cancel every job of a run (replicas and spare slots first, so none outlives its control
-    plane)."""
-    ids = [r.job_id for r in record.replicas] + pool_job_ids(Path(record.run_dir))
-    ids += [record.control.job_id] if record.control else []
-    backend.cancel(ids)
-    return ids

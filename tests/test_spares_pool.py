@@ -165,7 +165,8 @@ def _spares_spec(tmp_path: Path, nodes: int, **replicas: object) -> object:
 def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -> None:
     from test_submit_unit import RecordingBackend
 
-    from slurm.submit import cancel_run, submit_run
+    from slurm.cancel import cancel_run
+    from slurm.submit import submit_run
 
     backend = RecordingBackend()
     record = submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]

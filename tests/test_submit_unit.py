@@ -22,10 +22,11 @@ from slurm.backend import (
     SlurmVersion,
     versions_match,
 )
+from slurm.cancel import cancel_run
 from slurm.errors import InputError
 from slurm.rundir import read_run
 from slurm.spec import parse_spec
-from slurm.submit import cancel_run, check_against_cluster, gpus_on_node, submit_run
+from slurm.submit import check_against_cluster, gpus_on_node, submit_run
 
 SPECS = Path(__file__).with_name("specs")
 

@@ -69,7 +69,6 @@ from slurm.rundir.spares import (
     Pool,
     PoolFileError,
     Slot,
-    pool_job_ids,
     read_pool,
     write_pool,
 )
@@ -115,7 +114,6 @@ __all__ = [
     "live_jobs",
     "new_record",
     "parse_json_file",
-    "pool_job_ids",
     "previous_state",
     "read_control",
     "read_control_file",

@@ -136,12 +136,3 @@ def read_pool(run_dir: Path) -> Pool | None:
 
 def write_pool(run_dir: Path, pool: Pool) -> None:
     write_private(Path(run_dir) / SPARES_FILE, json.dumps(pool.to_dict(), indent=1) + "\n")
-
-
-def pool_job_ids(run_dir: Path) -> list[str]:
-    """Every slot job the pool file lists (for `fthsdp cancel`); [] without spares."""
-    try:
-        pool = read_pool(run_dir)
-    except PoolFileError:
-        return []
-    return [s.job_id for s in pool.slots] if pool else []
