@@ -254,7 +254,7 @@ def render_spare(spec: JobSpec) -> str:
 
     comp0, comp1 = replica_options(spec, 0)
     name = f"{spec.job.name}-spare"
-    logs = spec.run_dir / "logs"
+    logs = spec.run_dir / LOG_DIR
     renamed = {
         "job-name": name,
         "output": str(logs / "spare-%j.out"),

@@ -276,8 +276,9 @@ class Supervisor:
     def run_foreign_step(self, env: dict[str, str]) -> int:
         """Launch a foreign torchft trainer's step and report for it (module docstring)."""
         from runtime.control.foreign_step import ForeignLaunch, ForeignStep
-        from runtime.foreign import GroupEndpoints, dump_dir, launch_env, progress_path
+        from runtime.foreign import GroupEndpoints, launch_env, progress_path
         from runtime.rendezvous import RendezvousError, node_address, pick_port
+        from slurm.contract import dump_dir
 
         c = self.config
         found = lighthouse_url(c.run_dir)
