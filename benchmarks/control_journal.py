@@ -44,7 +44,7 @@ from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from runtime.control.coordinator import compaction_interval  # noqa: E402
 from runtime.control.journal import JOURNAL_FILE, Journal  # noqa: E402
 from runtime.control.policy import PolicyConfig, ReportReceived, RunState, step  # noqa: E402
-from runtime.control.report import CONTROL_KEY, ReplicaReport, replica_key_id, sign  # noqa: E402
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign  # noqa: E402
 from slurm.rundir import read_secret  # noqa: E402
 
 REPLICAS = 1000

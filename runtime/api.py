@@ -63,8 +63,8 @@ from torch import nn
 
 from runtime import ledger, rendezvous
 from runtime.api_files import FINISHED_MARKER
-from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
+from runtime.protocol import ExitCode
 from runtime.steptiming import SLOW_FACTOR_ENV, SlowFault, StepTimer, rank_timing_every
 
 log = logging.getLogger("fthsdp.runtime")

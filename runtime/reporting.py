@@ -1,7 +1,7 @@
 """The replica leader's reports to the coordinator, and how a fatal failure is classified.
 
 Group rank 0 of each replica posts `ReplicaReport`s to `{coordinator}/v1/reports`, signed with
-its replica's key (`runtime.control.report.sign`: method, path, timestamp, nonce and body; the
+its replica's key (`runtime.protocol.sign`: method, path, timestamp, nonce and body; the
 coordinator URL and the run secret come from the run directory). A report must carry the
 replica's Slurm job id; the coordinator refuses it otherwise. Training never waits on this:
 reports go through a bounded queue to a background thread. A 200 is accepted; a 4xx is a
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.control.report import (
+from runtime.env import WorkerEnv
+from runtime.protocol import (
     ExitCode,
     FailureClass,
     ReplicaReport,
@@ -36,7 +37,6 @@ from runtime.control.report import (
     replica_key_id,
     sign,
 )
-from runtime.env import WorkerEnv
 from slurm.rundir import read_secret
 
 log = logging.getLogger("fthsdp.reporting")

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from runtime.control.report import ReplicaReport, replica_key_id, sign
+from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
 

@@ -35,7 +35,7 @@ from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.guard import GuardConfig
 from runtime.control.journal import Journal
 from runtime.control.policy import PolicyConfig, ReportReceived
-from runtime.control.report import CONTROL_KEY, ReplicaReport, replica_key_id, sign
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign
 from slurm.rundir import read_secret
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import pytest
 from control_harness import ControlProcess, calls, fatal, live_run, post, wait_for  # noqa: F401
 
 from runtime.control.client import merge_status
-from runtime.control.report import ReplicaReport
+from runtime.protocol import ReplicaReport
 from slurm.backend import NodeInfo
 from slurm.rundir import read_secret
 

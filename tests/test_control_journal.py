@@ -39,7 +39,7 @@ from runtime.control.policy import (
     Tick,
     step,
 )
-from runtime.control.report import ReplicaReport
+from runtime.protocol import ReplicaReport
 from slurm.rundir import read_secret
 
 

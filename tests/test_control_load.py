@@ -17,7 +17,7 @@ from test_control_security import RecordingBackend
 
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.policy import PolicyConfig, ReplicaState
-from runtime.control.report import ReplicaReport, replica_key_id, sign
+from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm.rundir import read_secret
 
 

@@ -22,7 +22,7 @@ from runtime.control.coordinator import (
     start_coordinator,
 )
 from runtime.control.policy import PolicyConfig
-from runtime.control.report import (
+from runtime.protocol import (
     CONTROL_KEY,
     MAX_REPORT_BYTES,
     NONCE_HEADER,

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import pytest
 
 from runtime.checkpoint import suggest, young_daly_interval_s
-from runtime.control.report import ExitCode, derive_key, replica_key_id, verify
 from runtime.env import EnvError, Timeouts, parse_env, read_control, slurm_port
+from runtime.protocol import ExitCode, derive_key, replica_key_id, verify
 from runtime.reporting import ReportClient, classify_failure, classify_text
 from runtime.watchdog import NodeWatchdog, verdict_of
 from slurm.rundir import create_secret

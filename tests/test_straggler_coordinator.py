@@ -15,8 +15,8 @@ from test_control_security import RecordingBackend  # the fake Slurm that record
 
 from runtime.control.coordinator import CoordinatorConfig, start_coordinator
 from runtime.control.policy import PolicyConfig
-from runtime.control.report import CONTROL_KEY, ReplicaReport, replica_key_id, sign
 from runtime.control.straggler import StragglerConfig
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign
 from slurm.rundir import read_secret
 
 JOBS = {0: "100", 1: "101", 2: "102"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runtime.control.report import ReplicaReport
 from runtime.control.straggler import EvictionConfig, StragglerMonitor, describe
+from runtime.protocol import ReplicaReport
 
 
 def feed(

@@ -12,8 +12,8 @@ import pytest
 
 from runtime.control.coordinator import load_run_settings, straggler_config
 from runtime.control.policy import PolicyConfig, RunState, StragglerEviction
-from runtime.control.report import ReplicaReport
 from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.protocol import ReplicaReport
 from slurm.errors import InputError
 from slurm.spec import parse_spec
 

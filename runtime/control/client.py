@@ -17,7 +17,7 @@ from typing import Any
 import hostlist
 
 from runtime.control.journal import JOURNAL_FILE, Journal, JournalEntry
-from runtime.control.report import CONTROL_KEY, sign
+from runtime.protocol import CONTROL_KEY, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
 from slurm.rundir import read_control, read_secret

@@ -8,7 +8,7 @@ only then are the Slurm actions carried out (drain, requeue, release, cancel) th
 Endpoints (aiohttp; no hand-written HTTP):
 
 - `POST /v1/reports`: a `ReplicaReport` signed with that replica's key (derived from
-  `run_dir/secret`, see `runtime.control.report`). It must name the replica's current job; the
+  `run_dir/secret`, see `runtime.protocol`). It must name the replica's current job; the
   nodes it names are checked against Slurm's record of that job's allocation and replaced by it.
   Unsigned, forged, stale, replayed, malformed, oversized, foreign and unknown-replica reports
   get a 4xx, change nothing and are only counted in memory (`runtime.control.guard`).
@@ -87,7 +87,11 @@ from runtime.control.policy import (
     directive_for,
     step,
 )
-from runtime.control.report import (
+from runtime.control.spares import SpareManager
+from runtime.control.spares import carry_out as spares_carry_out
+from runtime.control.spares import on_poll as spares_on_poll
+from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
+from runtime.protocol import (
     CONTROL_KEY,
     JOB_ID,
     MAX_CLOCK_SKEW_S,
@@ -101,10 +105,6 @@ from runtime.control.report import (
     signed_headers,
     verify,
 )
-from runtime.control.spares import SpareManager
-from runtime.control.spares import carry_out as spares_carry_out
-from runtime.control.spares import on_poll as spares_on_poll
-from runtime.control.straggler import EvictionConfig, StragglerConfig, StragglerService
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.rundir import TERMINAL_STATES, create_secret, read_job_ids, read_secret, read_spec_data

@@ -203,7 +203,7 @@ class ForeignStep:
             t.join(timeout=5.0)
         if self.file is not None:
             self.file.poll()
-        from runtime.control.report import ExitCode
+        from runtime.protocol import ExitCode
 
         if self.fault is not None:
             return int(ExitCode.NODE_FAULT)

@@ -73,7 +73,7 @@ from runtime.control.policy import (
     event_from_dict,
     event_to_dict,
 )
-from runtime.control.report import MAX_CLOCK_SKEW_S
+from runtime.protocol import MAX_CLOCK_SKEW_S
 from slurm.rundir import RunFileError
 
 log = logging.getLogger("fthsdp.journal")

@@ -121,7 +121,7 @@ class TimingSample:
 
     @classmethod
     def from_report(cls, report: Any, received_at: float) -> TimingSample:
-        """From a `runtime.control.report.ReplicaReport` (duck-typed to stay import-light)."""
+        """From a `runtime.protocol.ReplicaReport` (duck-typed to stay import-light)."""
         return cls(
             replica=report.replica,
             step=report.step,

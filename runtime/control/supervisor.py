@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import hostlist
 
-from runtime.control.report import ExitCode, ReplicaReport, replica_key_id, sign
+from runtime.protocol import ExitCode, ReplicaReport, replica_key_id, sign
 from slurm.backend import CommandBackend, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.rundir import CONTROL_FILE, RunFileError, read_control, read_secret

@@ -1,4 +1,9 @@
-"""What a replica leader tells the coordinator, and how the message is authenticated.
+"""The wire protocol: what a replica leader tells the coordinator, and how it is authenticated.
+
+This module is the protocol's one home: the messages (`ReplicaReport`, `RequeueRequest`), their
+field validation, the exit codes, the per-replica keys (`derive_key`, `replica_key_id`) and the
+request signature (`sign`, `verify`, `signed_headers`, `check_fresh`). The run secret the keys
+derive from is the run directory's (`slurm.rundir.secret`).
 
 Group rank 0 of each replica sends a `ReplicaReport` every few steps and a final one, with the
 failure classified, when it dies. The coordinator acts on these reports (requeue a job, drain a
