@@ -4,7 +4,7 @@ A real coordinator (`runtime.control.coordinator.start_coordinator`: aiohttp, th
 the policy, signatures) runs in its own process with an in-memory Slurm backend that stamps the
 time of every drain/requeue call; this process plays the leaders. Every report is a
 `ReplicaReport` signed with its replica's key by `runtime.protocol.sign`, the calls
-`runtime.reporting.ReportClient` makes, posted over real HTTP on loopback on a fresh connection
+`runtime.report_sender.ReportClient` makes, posted over real HTTP on loopback on a fresh connection
 (as a leader's urllib does). Before the load, one report goes through a real `ReportClient`,
 so a change of the wire protocol stops the benchmark instead of measuring refusals.
 
@@ -377,7 +377,7 @@ def tail_note(p99_low: float, low: int, p99: float) -> str:
 
 def check_protocol(url: str, secret: bytes, replica: int) -> None:
     """One report through the real ReportClient must be accepted, or the figures are moot."""
-    from runtime.reporting import ReportClient
+    from runtime.report_sender import ReportClient
 
     client = ReportClient(
         lambda: url,

@@ -287,7 +287,7 @@ class FTHSDP:
 
     def _start_side_services(self) -> None:
         from runtime.checkpoint import DurableCheckpointer
-        from runtime.reporting import ReportClient
+        from runtime.report_sender import ReportClient
 
         if self.env.is_leader:
             self.reporter = ReportClient.for_worker(self.env, self.incarnation)
@@ -850,7 +850,7 @@ class FTHSDP:
 
     def fatal(self, exc: BaseException) -> None:
         """Send the final classified report (leader) and exit with the class's code."""
-        from runtime.reporting import classify_failure
+        from runtime.report_sender import classify_failure
 
         verdict = classify_failure(exc, node=self._node_name())
         self._event("fatal", step=self.step, error=str(exc)[:500], exit_code=verdict.exit_code)

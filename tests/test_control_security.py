@@ -245,7 +245,7 @@ def test_control_file_is_written_atomically(tmp_path: Path) -> None:
 
 
 def test_the_leader_fits_its_report_to_what_the_coordinator_accepts() -> None:
-    from runtime.reporting import fit_report_fields
+    from runtime.report_sender import fit_report_fields
 
     fields = fit_report_fields(
         {"last_error": "e" * 5000, "evidence": ["x" * 900] * 40, "failed_node": "host.example.org"}

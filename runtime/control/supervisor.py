@@ -60,7 +60,7 @@ from slurm.errors import EnvironmentProblem, InputError
 from slurm.rundir import CONTROL_FILE, RunFileError, read_control, read_secret
 
 if TYPE_CHECKING:
-    from runtime.reporting import ReportClient
+    from runtime.report_sender import ReportClient
 
 log = logging.getLogger("fthsdp.supervisor")
 
@@ -320,7 +320,7 @@ class Supervisor:
 
     def _report_client(self) -> ReportClient | None:
         """This launch's status report client, or None when the run has no secret."""
-        from runtime.reporting import ReportClient
+        from runtime.report_sender import ReportClient
 
         c = self.config
         secret = c.run_dir / "secret"

@@ -25,7 +25,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from runtime.env import WorkerEnv
@@ -37,7 +36,7 @@ from runtime.protocol import (
     replica_key_id,
     sign,
 )
-from slurm.rundir import read_secret
+from slurm.rundir import SECRET_FILE, read_secret
 
 log = logging.getLogger("fthsdp.reporting")
 
@@ -162,7 +161,7 @@ class ReportClient:
     @classmethod
     def for_worker(cls, env: WorkerEnv, incarnation: str) -> ReportClient | None:
         """A client when the run has a control file and a secret; None (reports off) otherwise."""
-        secret_path = env.run_dir / "secret"
+        secret_path = env.run_dir / SECRET_FILE
         if env.control_file is None or not secret_path.exists():
             return None
 
@@ -266,7 +265,3 @@ class ReportClient:
                 self._backlog.popleft()
             if stop:
                 return
-
-
-def secret_path(run_dir: Path) -> Path:
-    return run_dir / "secret"
