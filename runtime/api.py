@@ -850,7 +850,7 @@ class FTHSDP:
 
     def fatal(self, exc: BaseException) -> None:
         """Send the final classified report (leader) and exit with the class's code."""
-        from runtime.report_sender import classify_failure
+        from runtime.failure_class import classify_failure
 
         verdict = classify_failure(exc, node=self._node_name())
         self._event("fatal", step=self.step, error=str(exc)[:500], exit_code=verdict.exit_code)

@@ -15,8 +15,9 @@ import pytest
 
 from runtime.checkpoint import suggest, young_daly_interval_s
 from runtime.env import EnvError, Timeouts, parse_env, read_control, slurm_port
+from runtime.failure_class import classify_failure, classify_text
 from runtime.protocol import ExitCode, derive_key, replica_key_id, verify
-from runtime.report_sender import ReportClient, classify_failure, classify_text
+from runtime.report_sender import ReportClient
 from runtime.watchdog import NodeWatchdog, verdict_of
 from slurm.rundir import create_secret
 
