@@ -38,13 +38,8 @@ import aiohttp  # noqa: E402
 from control_harness import ControlProcess, install_fake_slurm  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
-from runtime.control.report import (  # noqa: E402
-    SIGNATURE_HEADER,
-    ReplicaReport,
-    read_secret,
-    replica_key_id,
-    sign,
-)
+from runtime.protocol import SIGNATURE_HEADER, ReplicaReport, replica_key_id, sign  # noqa: E402
+from slurm.rundir import read_secret  # noqa: E402
 
 HALF_OPEN = 1100
 BAD_REQUESTS = 3000

@@ -45,13 +45,8 @@ from runtime.control.coordinator import compaction_interval  # noqa: E402
 from runtime.control.journal.schema import JOURNAL_FILE  # noqa: E402
 from runtime.control.journal.store import Journal  # noqa: E402
 from runtime.control.policy import PolicyConfig, ReportReceived, RunState, step  # noqa: E402
-from runtime.control.report import (  # noqa: E402
-    CONTROL_KEY,
-    ReplicaReport,
-    read_secret,
-    replica_key_id,
-    sign,
-)
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign  # noqa: E402
+from slurm.rundir import read_secret  # noqa: E402
 
 REPLICAS = 1000
 REPORTS = 1_000_000

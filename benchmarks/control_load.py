@@ -3,8 +3,8 @@
 A real coordinator (`runtime.control.http.start_coordinator`: aiohttp, the SQLite journal,
 the policy, signatures) runs in its own process with an in-memory Slurm backend that stamps the
 time of every drain/requeue call; this process plays the leaders. Every report is a
-`ReplicaReport` signed with its replica's key by `runtime.control.report.sign`, the calls
-`runtime.reporting.ReportClient` makes, posted over real HTTP on loopback on a fresh connection
+`ReplicaReport` signed with its replica's key by `runtime.protocol.sign`, the calls
+`runtime.report_sender.ReportClient` makes, posted over real HTTP on loopback on a fresh connection
 (as a leader's urllib does). Before the load, one report goes through a real `ReportClient`,
 so a change of the wire protocol stops the benchmark instead of measuring refusals.
 
@@ -184,14 +184,14 @@ class Leaders:
         self.port = int(where.port or 80)
 
     def request(self, report: Any) -> tuple[bytes, dict[str, str]]:
-        from runtime.control.report import replica_key_id, sign
+        from runtime.protocol import replica_key_id, sign
 
         body = report.to_json()
         headers = sign(self.secret, replica_key_id(report.replica), "POST", "/v1/reports", body)
         return body, {"Content-Type": "application/json", **headers}
 
     def status(self, k: int) -> Any:
-        from runtime.control.report import ReplicaReport
+        from runtime.protocol import ReplicaReport
 
         n = self.seq[k] = self.seq.get(k, 0) + 1
         return ReplicaReport(
@@ -211,7 +211,7 @@ class Leaders:
         )
 
     def fatal(self, k: int) -> Any:
-        from runtime.control.report import ExitCode, ReplicaReport
+        from runtime.protocol import ExitCode, ReplicaReport
 
         n = self.seq[k] = self.seq.get(k, 0) + 1
         return ReplicaReport(
@@ -383,7 +383,7 @@ def tail_note(p99_low: float, low: int, p99: float) -> str:
 
 def check_protocol(url: str, secret: bytes, replica: int) -> None:
     """One report through the real ReportClient must be accepted, or the figures are moot."""
-    from runtime.reporting import ReportClient
+    from runtime.report_sender import ReportClient
 
     client = ReportClient(
         lambda: url,
@@ -456,7 +456,7 @@ def main() -> int:
                 raise SystemExit(f"control_load: coordinator did not start; see {run_dir}")
             time.sleep(0.1)
         url = (run_dir / "url").read_text()
-        from runtime.control.report import read_secret
+        from slurm.rundir import read_secret
 
         secret = read_secret(run_dir / "secret")
         check_protocol(url, secret, 0)

@@ -261,8 +261,8 @@ def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
     if cfg is None:
         return
     from slurm.backend import SlurmCommandError, make_backend
-    from slurm.run_dir import read_run
-    from slurm.submit import cancel_run
+    from slurm.cancel import cancel_run
+    from slurm.rundir import read_run
 
     try:
         cancel_run(read_run(RUN_DIR), make_backend(timeout=20))

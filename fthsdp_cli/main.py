@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "submit": ("render", "submit", "Render a spec into its run_dir and submit the jobs."),
     "status": ("status", "status", "Show the state of a run's replicas and control job."),
-    "cancel": ("render", "cancel", "Cancel a run's jobs that are still queued or running."),
+    "cancel": ("cancel", "cancel", "Cancel a run's jobs that are still queued or running."),
     "requeue": ("status", "requeue", "Requeue one replica's job (optionally draining a node)."),
     "events": ("status", "events", "Print a run's event journal, newest last."),
     "check": ("check", "check", "Run the node health checks here and print the verdict."),

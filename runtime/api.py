@@ -61,8 +61,8 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import ledger, rendezvous
-from runtime.control.report import ExitCode
 from runtime.env import EnvError, WorkerEnv, parse_env
+from runtime.protocol import ExitCode
 from runtime.worker import heal
 from runtime.worker.control_wait import ControlRestartWait, wait_for_lighthouse
 from runtime.worker.errors import FatalWorkerError
@@ -159,7 +159,7 @@ class FTHSDP:
 
     def _start_side_services(self) -> None:
         from runtime.checkpoint import DurableCheckpointer
-        from runtime.reporting import ReportClient
+        from runtime.report_sender import ReportClient
 
         if self.env.is_leader:
             self.reporter = ReportClient.for_worker(self.env, self.incarnation)
@@ -343,7 +343,7 @@ class FTHSDP:
 
     def fatal(self, exc: BaseException) -> None:
         """Send the final classified report (leader) and exit with the class's code."""
-        from runtime.reporting import classify_failure
+        from runtime.failure_class import classify_failure
 
         verdict = classify_failure(exc, node=self._node_name())
         self.event("fatal", step=self.step, error=str(exc)[:500], exit_code=verdict.exit_code)

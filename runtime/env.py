@@ -1,13 +1,13 @@
 """The environment contract between a replica's launcher and its worker processes.
 
 The sbatch scripts (under Slurm) and the local launcher (`runtime.local.launcher`) both start the
-worker with the same `FTHSDP_*` variables; the worker's ranks come from torchrun-style
-`RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when those are set, else from
-`SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` with the replica's first node as the rendezvous host
-and a provisional port derived from the job id (the worker settles both with `runtime.rendezvous`:
-the node's Slurm address when its name does not resolve, and a free port that group rank 0
-publishes in the run directory). Parsing is pure (a mapping in, a `WorkerEnv` out) so it is
-tested by tables; a missing or inconsistent variable raises `EnvError` naming it, which the
+worker with the same `FTHSDP_*` variables (named once, in `slurm.contract`); the worker's ranks come
+from torchrun-style `RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when those are set,
+else from `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` with the replica's first node as the
+rendezvous host and a provisional port derived from the job id (the worker settles both with
+`runtime.rendezvous`: the node's Slurm address when its name does not resolve, and a free port that
+group rank 0 publishes in the run directory). Parsing is pure (a mapping in, a `WorkerEnv` out) so
+it is tested by tables; a missing or inconsistent variable raises `EnvError` naming it, which the
 worker turns into one line and exit code 2 (`ExitCode.BAD_ENV`).
 
 The control file (`run_dir/control.json`: `{"lighthouse": ..., "coordinator": ...}`) is re-read
@@ -22,11 +22,12 @@ one failed collective, and a replica's first quorum waits longest of all, for pe
 from __future__ import annotations
 
 import itertools
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from slurm import contract
+from slurm.rundir import RunFileError, read_control_file
 
 #: Default timeouts (seconds), also the spec's `[train]` defaults.
 DEFAULT_HEARTBEAT_S = 2.0
@@ -120,21 +121,15 @@ class WorkerEnv:
 
 
 def read_control(path: Path) -> ControlEndpoints | None:
-    """The control file's endpoints, or None while it is absent or half-written."""
+    """The control file's endpoints, or None while it is absent, half-written or names no
+    Lighthouse (the control job may be being requeued: the caller retries)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        found = read_control_file(path)
+    except RunFileError:
         return None
-    lighthouse = data.get("lighthouse") if isinstance(data, dict) else None
-    if not isinstance(lighthouse, str) or not lighthouse:
+    if found is None or not found.lighthouse:
         return None
-    coordinator = data.get("coordinator")
-    started = data.get("started_at")
-    return ControlEndpoints(
-        lighthouse,
-        coordinator if isinstance(coordinator, str) else None,
-        float(started) if isinstance(started, (int, float)) else None,
-    )
+    return ControlEndpoints(found.lighthouse, found.coordinator, found.started_at)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
@@ -172,80 +167,86 @@ def slurm_port(job_id: str) -> int:
 
 
 def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str, int, tuple[str, ...], str | None]:
-    job_id = env.get("SLURM_JOB_ID")
-    if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
-        world = _int(env, "WORLD_SIZE", minimum=1)
-        rank = _int(env, "RANK")
+    job_id = env.get(contract.SLURM_JOB_ID)
+    if env.get(contract.RANK) is not None and env.get(contract.WORLD_SIZE) is not None:
+        world = _int(env, contract.WORLD_SIZE, minimum=1)
+        rank = _int(env, contract.RANK)
         if rank >= world:
-            raise EnvError("RANK", env["RANK"], f"must be below WORLD_SIZE={world}")
-        local = _int(env, "LOCAL_RANK", default=rank)
-        addr = env.get("MASTER_ADDR")
+            raise EnvError(contract.RANK, env[contract.RANK], f"must be below WORLD_SIZE={world}")
+        local = _int(env, contract.LOCAL_RANK, default=rank)
+        addr = env.get(contract.MASTER_ADDR)
         if not addr:
-            raise EnvError("MASTER_ADDR", None, "required when RANK is set")
-        port = _int(env, "MASTER_PORT", minimum=1)
+            raise EnvError(contract.MASTER_ADDR, None, "required when RANK is set")
+        port = _int(env, contract.MASTER_PORT, minimum=1)
         return rank, world, local, addr, port, (), job_id
-    if env.get("SLURM_PROCID") is None:
+    if env.get(contract.SLURM_PROCID) is None:
         raise EnvError(
-            "RANK", None, "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or run under srun"
+            contract.RANK, None, "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or run under srun"
         )
-    world = _int(env, "SLURM_NTASKS", minimum=1)
-    rank = _int(env, "SLURM_PROCID")
+    world = _int(env, contract.SLURM_NTASKS, minimum=1)
+    rank = _int(env, contract.SLURM_PROCID)
     if rank >= world:
-        raise EnvError("SLURM_PROCID", env["SLURM_PROCID"], f"must be below SLURM_NTASKS={world}")
-    local = _int(env, "SLURM_LOCALID", default=0)
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        raise EnvError(
+            contract.SLURM_PROCID, env[contract.SLURM_PROCID], f"must be below SLURM_NTASKS={world}"
+        )
+    local = _int(env, contract.SLURM_LOCALID, default=0)
+    nodelist = env.get(contract.SLURM_STEP_NODELIST) or env.get(contract.SLURM_JOB_NODELIST)
     if not nodelist:
-        raise EnvError("SLURM_STEP_NODELIST", None, "required under srun (or SLURM_JOB_NODELIST)")
+        raise EnvError(
+            contract.SLURM_STEP_NODELIST, None, "required under srun (or SLURM_JOB_NODELIST)"
+        )
     from slurm import hostlist
     from slurm.errors import InputError
 
     try:
-        nodes = tuple(hostlist.expand(nodelist, "SLURM_STEP_NODELIST"))
+        nodes = tuple(hostlist.expand(nodelist, contract.SLURM_STEP_NODELIST))
     except InputError:
-        raise EnvError("SLURM_STEP_NODELIST", nodelist, "must be a Slurm hostlist") from None
+        raise EnvError(contract.SLURM_STEP_NODELIST, nodelist, "must be a Slurm hostlist") from None
     if job_id is None:
-        raise EnvError("SLURM_JOB_ID", None, "required under srun (it fixes the rendezvous port)")
+        raise EnvError(
+            contract.SLURM_JOB_ID, None, "required under srun (it fixes the rendezvous port)"
+        )
     return rank, world, local, nodes[0], slurm_port(job_id), nodes, job_id
 
 
 def parse_env(env: Mapping[str, str]) -> WorkerEnv:
     """Validate the worker environment; raises `EnvError` naming the first bad variable."""
-    run_dir_raw = env.get("FTHSDP_RUN_DIR")
+    run_dir_raw = env.get(contract.RUN_DIR)
     if not run_dir_raw:
-        raise EnvError("FTHSDP_RUN_DIR", None, "required (the run directory)")
-    num = _int(env, "FTHSDP_NUM_REPLICAS", minimum=1)
-    replica = _int(env, "FTHSDP_REPLICA_ID")
+        raise EnvError(contract.RUN_DIR, None, "required (the run directory)")
+    num = _int(env, contract.NUM_REPLICAS, minimum=1)
+    replica = _int(env, contract.REPLICA_ID)
     if replica >= num:
         raise EnvError(
-            "FTHSDP_REPLICA_ID",
-            env["FTHSDP_REPLICA_ID"],
+            contract.REPLICA_ID,
+            env[contract.REPLICA_ID],
             f"must be below FTHSDP_NUM_REPLICAS={num}",
         )
-    min_replicas = _int(env, "FTHSDP_MIN_REPLICAS", default=1, minimum=1)
+    min_replicas = _int(env, contract.MIN_REPLICAS, default=1, minimum=1)
     if min_replicas > num:
         raise EnvError(
-            "FTHSDP_MIN_REPLICAS", env["FTHSDP_MIN_REPLICAS"], f"must be <= {num} replicas"
+            contract.MIN_REPLICAS, env[contract.MIN_REPLICAS], f"must be <= {num} replicas"
         )
     timeouts = Timeouts(
-        heartbeat_s=_float(env, "FTHSDP_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_S),
-        allreduce_s=_float(env, "FTHSDP_ALLREDUCE_TIMEOUT_S", DEFAULT_ALLREDUCE_S),
-        quorum_s=_float(env, "FTHSDP_QUORUM_TIMEOUT_S", DEFAULT_QUORUM_S),
-        join_s=_float(env, "FTHSDP_JOIN_TIMEOUT_S", DEFAULT_JOIN_S),
+        heartbeat_s=_float(env, contract.HEARTBEAT_TIMEOUT_S, DEFAULT_HEARTBEAT_S),
+        allreduce_s=_float(env, contract.ALLREDUCE_TIMEOUT_S, DEFAULT_ALLREDUCE_S),
+        quorum_s=_float(env, contract.QUORUM_TIMEOUT_S, DEFAULT_QUORUM_S),
+        join_s=_float(env, contract.JOIN_TIMEOUT_S, DEFAULT_JOIN_S),
     )
     if (why := timeouts.problem()) is not None:
-        raise EnvError("FTHSDP_ALLREDUCE_TIMEOUT_S", env.get("FTHSDP_ALLREDUCE_TIMEOUT_S"), why)
-    checks_raw = env.get("FTHSDP_HEALTH_CHECKS", "")
+        raise EnvError(contract.ALLREDUCE_TIMEOUT_S, env.get(contract.ALLREDUCE_TIMEOUT_S), why)
+    checks_raw = env.get(contract.HEALTH_CHECKS, "")
     checks = tuple(c.strip() for c in checks_raw.split(",") if c.strip())
     for check in checks:
         if check not in KNOWN_HEALTH_CHECKS:
-            raise EnvError("FTHSDP_HEALTH_CHECKS", checks_raw, f"known: {KNOWN_HEALTH_CHECKS}")
+            raise EnvError(contract.HEALTH_CHECKS, checks_raw, f"known: {KNOWN_HEALTH_CHECKS}")
     rank, world, local, addr, port, nodes, job_id = _ranks(env)
-    control_raw = env.get("FTHSDP_CONTROL_FILE")
+    control_raw = env.get(contract.CONTROL_FILE)
     control = Path(control_raw) if control_raw else None
-    lighthouse = env.get("FTHSDP_LIGHTHOUSE") or env.get("TORCHFT_LIGHTHOUSE")
+    lighthouse = env.get(contract.LIGHTHOUSE) or env.get(contract.TORCHFT_LIGHTHOUSE)
     if control is None and not lighthouse:
         raise EnvError(
-            "FTHSDP_CONTROL_FILE", None, "set it, or FTHSDP_LIGHTHOUSE / TORCHFT_LIGHTHOUSE"
+            contract.CONTROL_FILE, None, "set it, or FTHSDP_LIGHTHOUSE / TORCHFT_LIGHTHOUSE"
         )
     return WorkerEnv(
         run_dir=Path(run_dir_raw),
@@ -256,19 +257,15 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         local_rank=local,
         master_addr=addr,
         master_port=port,
-        job_name=env.get("FTHSDP_JOB_NAME", "fthsdp"),
+        job_name=env.get(contract.JOB_NAME, "fthsdp"),
         min_replicas=min_replicas,
         timeouts=timeouts,
-        checkpoint_every_steps=_int(env, "FTHSDP_CHECKPOINT_EVERY_STEPS", default=0),
-        checkpoint_every_s=_float(env, "FTHSDP_CHECKPOINT_EVERY_S", 0.0),
-        steps=_int(env, "FTHSDP_STEPS", default=100, minimum=1),
+        checkpoint_every_steps=_int(env, contract.CHECKPOINT_EVERY_STEPS, default=0),
+        checkpoint_every_s=_float(env, contract.CHECKPOINT_EVERY_S, 0.0),
+        steps=_int(env, contract.STEPS, default=100, minimum=1),
         health_checks=checks,
         control_file=control,
         static_lighthouse=lighthouse,
         slurm_job_id=job_id,
         nodes=nodes,
     )
-
-
-def from_environ() -> WorkerEnv:
-    return parse_env(os.environ)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm import contract
+from slurm.contract import dump_dir
 
 log = logging.getLogger("fthsdp.foreign")
 
@@ -33,11 +35,6 @@ log = logging.getLogger("fthsdp.foreign")
 TASK_LABEL = re.compile(r"^\s*(\d+): ")
 #: The variable the supervisor marks each launch's processes with (also the native contract).
 INCARNATION_VAR = "FTHSDP_INCARNATION"
-
-
-def dump_dir(run_dir: Path, replica: int) -> Path:
-    """The per-group folder a trainer may write its dumps, logs and progress to."""
-    return run_dir / "dump" / f"replica-{replica:02d}"
 
 
 def progress_path(template: str, run_dir: Path, replica: int) -> Path:
@@ -56,24 +53,15 @@ class GroupEndpoints:
     master_port: int
 
 
-def torchft_timeouts(op_s: float, quorum_s: float, connect_s: float) -> list[tuple[str, str]]:
-    """torchft's timeout variables; it reads whole seconds (`int()`), so fractions round up."""
-    return [
-        ("TORCHFT_TIMEOUT_SEC", str(math.ceil(op_s))),
-        ("TORCHFT_QUORUM_TIMEOUT_SEC", str(math.ceil(quorum_s))),
-        ("TORCHFT_CONNECT_TIMEOUT_SEC", str(math.ceil(connect_s))),
-    ]
-
-
 def launch_env(found: GroupEndpoints) -> dict[str, str]:
     """The torchft-mode variables of one launch (the Lighthouse can move with the control job;
     the rendezvous port is picked free per launch)."""
     endpoint = f"{found.master_addr}:{found.master_port}"
     return {
-        "TORCHFT_LIGHTHOUSE": found.lighthouse,
-        "MASTER_ADDR": found.master_addr,
-        "MASTER_PORT": str(found.master_port),
-        "FTHSDP_RDZV_ENDPOINT": endpoint,
+        contract.TORCHFT_LIGHTHOUSE: found.lighthouse,
+        contract.MASTER_ADDR: found.master_addr,
+        contract.MASTER_PORT: str(found.master_port),
+        contract.RDZV_ENDPOINT: endpoint,
     }
 
 

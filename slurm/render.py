@@ -38,8 +38,10 @@ from typing import Literal
 
 import jinja2
 
-from runtime.foreign import dump_dir, torchft_timeouts
+from slurm import contract
+from slurm.contract import dump_dir, torchft_timeouts
 from slurm.errors import InputError
+from slurm.rundir import CONTROL_FILE, LOG_DIR
 from slurm.spec import JobSpec
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
@@ -112,27 +114,27 @@ def _opts(*pairs: tuple[str, object]) -> list[Option]:
 
 
 def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
-    """The FTHSDP_* variables every job of the run exports (the runtime's contract)."""
+    """The FTHSDP_* variables every job of the run exports (`slurm.contract`)."""
     t = spec.train
     run = spec.run_dir
     env = [
-        ("FTHSDP_RUN_DIR", str(run)),
-        ("FTHSDP_NUM_REPLICAS", str(spec.replicas.count)),
-        ("FTHSDP_CONTROL_FILE", str(run / "control.json")),
-        ("FTHSDP_JOB_NAME", spec.job.name),
-        ("FTHSDP_MIN_REPLICAS", str(t.min_replicas)),
-        ("FTHSDP_MAX_RESTARTS_PER_REPLICA", str(t.max_restarts_per_replica)),
-        ("FTHSDP_RESTART_WINDOW_S", _num(t.restart_window_s)),
-        ("FTHSDP_HEARTBEAT_TIMEOUT_S", _num(t.heartbeat_timeout_s)),
-        ("FTHSDP_ALLREDUCE_TIMEOUT_S", _num(t.allreduce_timeout_s)),
-        ("FTHSDP_QUORUM_TIMEOUT_S", _num(t.quorum_timeout_s)),
-        ("FTHSDP_JOIN_TIMEOUT_S", _num(t.join_timeout_s)),
-        ("FTHSDP_CHECKPOINT_EVERY_STEPS", str(t.checkpoint_every_steps)),
-        ("FTHSDP_CHECKPOINT_EVERY_S", _num(t.checkpoint_every_s)),
+        (contract.RUN_DIR, str(run)),
+        (contract.NUM_REPLICAS, str(spec.replicas.count)),
+        (contract.CONTROL_FILE, str(run / CONTROL_FILE)),
+        (contract.JOB_NAME, spec.job.name),
+        (contract.MIN_REPLICAS, str(t.min_replicas)),
+        (contract.MAX_RESTARTS_PER_REPLICA, str(t.max_restarts_per_replica)),
+        (contract.RESTART_WINDOW_S, _num(t.restart_window_s)),
+        (contract.HEARTBEAT_TIMEOUT_S, _num(t.heartbeat_timeout_s)),
+        (contract.ALLREDUCE_TIMEOUT_S, _num(t.allreduce_timeout_s)),
+        (contract.QUORUM_TIMEOUT_S, _num(t.quorum_timeout_s)),
+        (contract.JOIN_TIMEOUT_S, _num(t.join_timeout_s)),
+        (contract.CHECKPOINT_EVERY_STEPS, str(t.checkpoint_every_steps)),
+        (contract.CHECKPOINT_EVERY_S, _num(t.checkpoint_every_s)),
     ]
     if t.steps is not None:
-        env.append(("FTHSDP_STEPS", str(t.steps)))
-    env.append(("FTHSDP_HEALTH_CHECKS", ",".join(spec.health.checks)))
+        env.append((contract.STEPS, str(t.steps)))
+    env.append((contract.HEALTH_CHECKS, ",".join(spec.health.checks)))
     return env
 
 
@@ -143,23 +145,23 @@ def foreign_env(spec: JobSpec, replica: int) -> list[tuple[str, str]]:
     t = spec.train
     groups = str(spec.replicas.count)
     env = [
-        ("FTHSDP_TRAIN_MODE", t.mode),
-        ("FTHSDP_NUM_REPLICA_GROUPS", groups),
-        ("FTHSDP_DUMP_DIR", str(dump_dir(spec.run_dir, replica))),
-        ("REPLICA_GROUP_ID", str(replica)),
-        ("NUM_REPLICA_GROUPS", groups),
+        (contract.TRAIN_MODE, t.mode),
+        (contract.NUM_REPLICA_GROUPS, groups),
+        (contract.DUMP_DIR, str(dump_dir(spec.run_dir, replica))),
+        (contract.TORCHFT_REPLICA_GROUP_ID, str(replica)),
+        (contract.TORCHFT_NUM_REPLICA_GROUPS, groups),
         *torchft_timeouts(t.allreduce_timeout_s, t.quorum_timeout_s, t.join_timeout_s),
     ]
     if t.progress_regex is not None:
-        env.append(("FTHSDP_PROGRESS_REGEX", t.progress_regex))
+        env.append((contract.PROGRESS_REGEX, t.progress_regex))
     if t.progress_file is not None:
-        env.append(("FTHSDP_PROGRESS_FILE", t.progress_file))
-    env.append(("FTHSDP_PROGRESS_TIMEOUT_S", f"{t.hung_after_s:g}"))
+        env.append((contract.PROGRESS_FILE, t.progress_file))
+    env.append((contract.PROGRESS_TIMEOUT_S, f"{t.hung_after_s:g}"))
     return env
 
 
 def _shared_options(spec: JobSpec, log_stem: str, gated: bool = True) -> list[Option]:
-    logs = spec.run_dir / "logs"
+    logs = spec.run_dir / LOG_DIR
     j = spec.job
     return _opts(
         ("output", logs / f"{log_stem}-%j.out"),
@@ -251,7 +253,7 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
         else []
     )
     env = runtime_env(spec)
-    env.insert(1, ("FTHSDP_REPLICA_ID", str(replica)))
+    env.insert(1, (contract.REPLICA_ID, str(replica)))
     if foreign:
         env += foreign_env(spec, replica)
     text = (

@@ -10,7 +10,7 @@ Before anything is written, `SLURM_CONF` (when set) must name a readable, non-em
 commands retry a missing one for a minute and then print several lines), the spec is checked
 against what the cluster offers (GPUs per node in the partition) when Slurm answers, and the
 run_dir is refused if it holds a live run (even with `force`) or an earlier run's state (unless
-`force`, which moves that state to `run_dir/archive/<time>/` first; see `slurm.run_dir`).
+`force`, which moves that state to `run_dir/archive/<time>/` first; see `slurm.rundir`).
 
 A submit is all or nothing for the run directory too: if any step fails, the files it wrote are
 removed and the ones it replaced are put back (a new run_dir is removed entirely), so a failed
@@ -35,26 +35,28 @@ from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError, SlurmOutput
 from slurm.doctor import require_topology_support
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.render import RenderedScript, render_run, write_scripts
-from slurm.run_dir import (
+from slurm.rundir import (
     JOBS_FILE,
     LOG_DIR,
     RUN_DIR_MODE,
     SECRET_FILE,
+    SPARE_SCRIPT,
+    SPARES_FILE,
     SPEC_FILE,
     JobRecord,
+    Pool,
     RunRecord,
+    Slot,
     archive_state,
     check_resubmit,
+    create_secret,
     new_record,
     restore_archive,
+    write_pool,
     write_private,
     write_run,
 )
 from slurm.spec import JobSpec
-
-#: The spare slot script and the pool file (`runtime.control.spares` reads and writes it).
-SPARE_SCRIPT = "spare.sbatch"
-SPARES_FILE = "spares.json"
 
 _GRES_GPU = re.compile(r"^gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)")
 
@@ -114,9 +116,6 @@ def check_slurm_conf(env: Mapping[str, str] | None = None) -> None:
 
 def prepare_run_dir(spec: JobSpec, scripts: list[RenderedScript]) -> None:
     """Write scripts, spec.json, logs/ and a fresh secret into run_dir (0700, files 0600)."""
-    # Imported here: runtime.control.report is torch-free, but the CLI's import path stays short.
-    from runtime.control.report import create_secret
-
     run = spec.run_dir
     run.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
     if run.stat().st_uid == os.geteuid():
@@ -230,8 +229,6 @@ def _submit_scripts(
 def submit_spares(spec: JobSpec, backend: SlurmBackend, control_id: str) -> list[str]:
     """Write the slot script, queue `spares.nodes / replicas.nodes` slots after the replicas (on
     a busy cluster the replicas' own nodes come first) and record them in the pool file."""
-    from runtime.control.spares import Pool, Slot, write_pool
-
     run = spec.run_dir
     path = run / SPARE_SCRIPT
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
@@ -257,7 +254,7 @@ def render_spare(spec: JobSpec) -> str:
 
     comp0, comp1 = replica_options(spec, 0)
     name = f"{spec.job.name}-spare"
-    logs = spec.run_dir / "logs"
+    logs = spec.run_dir / LOG_DIR
     renamed = {
         "job-name": name,
         "output": str(logs / "spare-%j.out"),
@@ -280,14 +277,3 @@ def render_spare(spec: JobSpec) -> str:
         )
     )
     return text
-
-
-def cancel_run(record: RunRecord, backend: SlurmBackend) -> list[str]:
-    """Cancel every job of a run (replicas and spare slots first, so none outlives its control
-    plane)."""
-    from runtime.control.spares import pool_job_ids
-
-    ids = [r.job_id for r in record.replicas] + pool_job_ids(Path(record.run_dir))
-    ids += [record.control.job_id] if record.control else []
-    backend.cancel(ids)
-    return ids

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from prolog_epilog import dev_health
-from runtime.control.report import ReplicaReport, replica_key_id, sign
+from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
 from slurm.devcluster import DevClusterConfig
 

@@ -283,7 +283,7 @@ def test_gpu_count_is_an_error_when_slurm_cannot_be_read(
 
 
 def _run_dir(tmp_path: Path) -> Path:
-    from slurm.run_dir import JobRecord, RunRecord, write_run
+    from slurm.rundir import JobRecord, RunRecord, write_run
 
     run = tmp_path / "run"
     run.mkdir(mode=0o700, parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp_cli.commands.render import cancel_order
+from slurm.cancel import cancel_order
 
 
 @pytest.mark.parametrize(

@@ -35,14 +35,9 @@ from runtime.control.guard import GuardConfig
 from runtime.control.http import start_coordinator
 from runtime.control.journal.store import Journal
 from runtime.control.policy import PolicyConfig, ReportReceived
-from runtime.control.report import (
-    CONTROL_KEY,
-    ReplicaReport,
-    read_secret,
-    replica_key_id,
-    sign,
-)
 from runtime.control.settings import CoordinatorConfig
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign
+from slurm.rundir import read_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -289,7 +284,7 @@ async def _read_views(run_dir: Path) -> dict[str, Any]:
                 metrics = (resp.status, await resp.text())
         # What `fthsdp status` asks: the signed client reading control.json.
         from runtime.control.client import fetch_state
-        from runtime.control.coordinator import write_control_file
+        from slurm.rundir import write_control_file
 
         write_control_file(run_dir, {"coordinator": running.url})
         status = await asyncio.get_running_loop().run_in_executor(None, fetch_state, run_dir)

@@ -13,8 +13,9 @@ import pytest
 from control_harness import ControlProcess, calls, fatal, live_run, post, wait_for  # noqa: F401
 
 from runtime.control.client import merge_status
-from runtime.control.report import ReplicaReport, read_secret
+from runtime.protocol import ReplicaReport
 from slurm.backend import NodeInfo
+from slurm.rundir import read_secret
 
 
 def test_merge_status_prefers_the_coordinator_and_lists_our_drains() -> None:

@@ -48,7 +48,7 @@ from runtime.control.service import previous_ports
 from runtime.env import read_control
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
-from slurm.run_dir import read_run
+from slurm.rundir import read_run
 
 STEPS = 2000
 

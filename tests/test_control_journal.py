@@ -39,7 +39,8 @@ from runtime.control.policy import (
     Tick,
     step,
 )
-from runtime.control.report import ReplicaReport, read_secret
+from runtime.protocol import ReplicaReport
+from slurm.rundir import read_secret
 
 
 @pytest.fixture

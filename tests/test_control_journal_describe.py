@@ -24,7 +24,7 @@ from runtime.control.policy import (
     action_to_dict,
     event_to_dict,
 )
-from runtime.control.report import ReplicaReport
+from runtime.protocol import ReplicaReport
 
 STATUS = ReplicaReport(replica=1, incarnation="w1", seq=7, job_id="101", step=40)
 FATAL = ReplicaReport(

@@ -17,8 +17,9 @@ from test_control_security import RecordingBackend
 
 from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig, ReplicaState
-from runtime.control.report import ReplicaReport, read_secret, replica_key_id, sign
 from runtime.control.settings import CoordinatorConfig
+from runtime.protocol import ReplicaReport, replica_key_id, sign
+from slurm.rundir import read_secret
 
 
 def _body(seq: int, **kw: Any) -> bytes:

@@ -30,7 +30,7 @@ from runtime.control.policy import (
     event_to_dict,
     step,
 )
-from runtime.control.report import ExitCode, ReplicaReport
+from runtime.protocol import ExitCode, ReplicaReport
 
 JOBS = {0: "100", 1: "101", 2: "102"}
 CFG = PolicyConfig(replicas=3, min_replicas=2, max_restarts_per_replica=2, report_timeout_s=30.0)

@@ -18,19 +18,19 @@ import pytest
 from runtime.control.auth import ensure_secret
 from runtime.control.http import own_address, start_coordinator
 from runtime.control.policy import PolicyConfig
-from runtime.control.report import (
+from runtime.control.settings import CoordinatorConfig
+from runtime.protocol import (
     CONTROL_KEY,
     MAX_REPORT_BYTES,
     NONCE_HEADER,
     SIGNATURE_HEADER,
     ReplicaReport,
-    read_secret,
     replica_key_id,
     sign,
 )
-from runtime.control.settings import CoordinatorConfig
 from slurm.backend import JobInfo, NodeInfo
 from slurm.errors import EnvironmentProblem
+from slurm.rundir import read_secret
 
 
 class RecordingBackend:
@@ -233,7 +233,7 @@ def test_binds_only_where_told(tmp_path: Path) -> None:
 
 
 def test_control_file_is_written_atomically(tmp_path: Path) -> None:
-    from runtime.control.coordinator import write_control_file
+    from slurm.rundir import write_control_file
 
     write_control_file(tmp_path, {"coordinator": "http://a:1"})
     write_control_file(tmp_path, {"coordinator": "http://b:2"})
@@ -242,7 +242,7 @@ def test_control_file_is_written_atomically(tmp_path: Path) -> None:
 
 
 def test_the_leader_fits_its_report_to_what_the_coordinator_accepts() -> None:
-    from runtime.reporting import fit_report_fields
+    from runtime.report_sender import fit_report_fields
 
     fields = fit_report_fields(
         {"last_error": "e" * 5000, "evidence": ["x" * 900] * 40, "failed_node": "host.example.org"}

@@ -30,7 +30,7 @@ from runtime.control.inject import inject
 from runtime.control.journal.store import Journal
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
-from slurm.run_dir import read_run
+from slurm.rundir import read_run
 
 
 def _demo() -> Any:

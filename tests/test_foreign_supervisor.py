@@ -19,8 +19,8 @@ from control_harness import ControlProcess, live_run, wait_for
 
 from runtime.control.client import fetch_state
 from runtime.control.foreign_step import ForeignLaunch, ForeignStep
-from runtime.control.report import ExitCode
 from runtime.foreign import FileProgress, LineProgress, marked_processes, progress_path
+from runtime.protocol import ExitCode
 from runtime.watchdog import NodeWatchdog, check_options
 
 __all__ = ["live_run"]  # the fixture, used by name

@@ -94,7 +94,7 @@ def test_render_and_submit_paths_import_no_torch() -> None:
         "from fthsdp_cli.main import cli\n"
         f"r = CliRunner().invoke(cli, ['render', {str(SPECS / 'helper.toml')!r}])\n"
         "assert r.exit_code == 0, r.output\n"
-        "import slurm.submit, slurm.backend, slurm.run_dir, runtime.control.report\n"
+        "import slurm.submit, slurm.backend, slurm.rundir, runtime.protocol\n"
         "import fthsdp_cli.commands.status\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from fthsdp_cli.main import cli
 from slurm.errors import InputError
-from slurm.run_dir import (
+from slurm.rundir import (
     JobRecord,
     RunRecord,
     check_run_files,

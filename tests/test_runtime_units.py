@@ -14,17 +14,13 @@ from typing import Any, ClassVar
 import pytest
 
 from runtime.checkpoint import suggest
-from runtime.control.report import (
-    ExitCode,
-    create_secret,
-    derive_key,
-    replica_key_id,
-    verify,
-)
 from runtime.env import EnvError, Timeouts, parse_env, read_control, slurm_port
-from runtime.reporting import ReportClient, classify_failure, classify_text
+from runtime.failure_class import classify_failure, classify_text
+from runtime.protocol import ExitCode, derive_key, replica_key_id, verify
+from runtime.report_sender import ReportClient
 from runtime.sim.reliability import young_daly_interval_s
 from runtime.watchdog import NodeWatchdog, verdict_of
+from slurm.rundir import create_secret
 
 BASE = {
     "FTHSDP_RUN_DIR": "/tmp/run",

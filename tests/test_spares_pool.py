@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from runtime.control.spare_slots import SlotView, assign, choose_slot, plan_upkeep, pool_summary
-from runtime.control.spares import Pool, PoolFileError, Slot, read_pool, write_pool
 from slurm.backend import SlurmCommandError
 from slurm.errors import InputError
+from slurm.rundir import Pool, PoolFileError, Slot, read_pool, write_pool
 from slurm.spec import parse_spec
 
 IDLE = Slot("11")
@@ -159,7 +159,8 @@ def _spares_spec(tmp_path: Path, nodes: int, **replicas: object) -> object:
 def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -> None:
     from test_submit_unit import RecordingBackend
 
-    from slurm.submit import cancel_run, submit_run
+    from slurm.cancel import cancel_run
+    from slurm.submit import submit_run
 
     backend = RecordingBackend()
     record = submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]

@@ -15,9 +15,10 @@ from test_control_security import RecordingBackend  # the fake Slurm that record
 
 from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig
-from runtime.control.report import CONTROL_KEY, ReplicaReport, read_secret, replica_key_id, sign
 from runtime.control.settings import CoordinatorConfig
 from runtime.control.straggler.detect import StragglerConfig
+from runtime.protocol import CONTROL_KEY, ReplicaReport, replica_key_id, sign
+from slurm.rundir import read_secret
 
 JOBS = {0: "100", 1: "101", 2: "102"}
 #: Each replica's two nodes, as Slurm lists them (the coordinator takes nodes from Slurm).

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from runtime.control.report import ReplicaReport
 from runtime.control.straggler.detect import describe
 from runtime.control.straggler.evict import EvictionConfig
 from runtime.control.straggler.monitor import StragglerMonitor
+from runtime.protocol import ReplicaReport
 
 
 def feed(

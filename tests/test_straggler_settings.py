@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from runtime.control.policy import PolicyConfig, RunState, StragglerEviction
-from runtime.control.report import ReplicaReport
 from runtime.control.settings import load_run_settings, straggler_config
 from runtime.control.straggler.detect import StragglerConfig
 from runtime.control.straggler.evict import EvictionConfig
 from runtime.control.straggler.service import StragglerService
+from runtime.protocol import ReplicaReport
 from slurm.errors import InputError
 from slurm.spec import parse_spec
 

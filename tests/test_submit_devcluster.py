@@ -25,12 +25,13 @@ import hostlist
 import pytest
 
 from slurm.backend import CommandBackend, JobInfo, SlurmCommandError
+from slurm.cancel import cancel_run
 from slurm.devcluster import DevClusterConfig
 from slurm.errors import InputError
 from slurm.render import render_run, write_scripts
-from slurm.run_dir import RunRecord, is_live, live_jobs, read_run
+from slurm.rundir import RunRecord, is_live, live_jobs, read_run
 from slurm.spec import JobSpec, parse_spec
-from slurm.submit import cancel_run, submit_run
+from slurm.submit import submit_run
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parent.parent

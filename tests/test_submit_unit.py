@@ -22,10 +22,11 @@ from slurm.backend import (
     SlurmVersion,
 )
 from slurm.backend.pyslurm import versions_match
+from slurm.cancel import cancel_run
 from slurm.errors import InputError
-from slurm.run_dir import read_run
+from slurm.rundir import read_run
 from slurm.spec import parse_spec
-from slurm.submit import cancel_run, check_against_cluster, gpus_on_node, submit_run
+from slurm.submit import check_against_cluster, gpus_on_node, submit_run
 
 SPECS = Path(__file__).with_name("specs")
 
@@ -323,7 +324,7 @@ def test_cli_status_and_cancel_on_missing_run(tmp_path: Path) -> None:
 
 def test_spec_json_of_a_spec_with_a_helper_reads_back(tmp_path: Path) -> None:
     # The helper's unset fields are written as null, nested one table deeper than the others.
-    from slurm.run_dir import read_spec_data
+    from slurm.rundir import read_spec_data
     from slurm.spec import load_spec
 
     spec = load_spec(Path(__file__).parents[1] / "examples" / "demo.toml")

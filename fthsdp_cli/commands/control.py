@@ -182,7 +182,7 @@ def control(
     )
     from runtime.control.straggler.evict import EvictionMode
     from slurm.errors import InputError
-    from slurm.run_dir import check_control_inputs
+    from slurm.rundir import check_control_inputs
 
     heartbeat_timeout_ms = _ms("--heartbeat-timeout", heartbeat_timeout_s, heartbeat_timeout_ms)
     join_timeout_ms = _ms("--join-timeout", join_timeout_s, join_timeout_ms)
@@ -310,7 +310,7 @@ def replica(
     """
     from runtime.control.supervisor import Supervisor, SupervisorConfig
     from slurm.errors import InputError
-    from slurm.run_dir import read_control
+    from slurm.rundir import read_control
 
     if replica < 0:
         raise InputError("--replica", replica, "a replica index >= 0")

@@ -1,4 +1,5 @@
-"""`fthsdp render`, `fthsdp submit`, `fthsdp cancel`: from a spec to jobs in the queue and back.
+"""`fthsdp render`, `fthsdp submit`: from a spec to jobs in the queue (`fthsdp cancel` is in
+`fthsdp_cli.commands.cancel`).
 
 Thin commands: parse options, call `slurm.spec` / `slurm.render` / `slurm.submit`, present the
 result. `render` is the dry run (it never talks to Slurm); `submit --dry-run` is exactly `render`.
@@ -105,57 +106,9 @@ def submit(
         table.add_row(
             j.role, "" if j.replica is None else str(j.replica), j.job_id, j.job_name, j.script
         )
-    from runtime.control.spares import pool_job_ids
+    from slurm.rundir import SPARE_SCRIPT, read_pool
 
-    for job_id in pool_job_ids(Path(record.run_dir)):  # [spares]: the slot jobs
-        table.add_row("spare", "", job_id, f"{record.name}-spare", "spare.sbatch")
+    pool = read_pool(Path(record.run_dir))  # [spares]: the slot jobs
+    for slot in pool.slots if pool else ():
+        table.add_row("spare", "", slot.job_id, f"{record.name}-spare", SPARE_SCRIPT)
     Console().print(table)
-
-
-def cancel_order(record_ids: list[str], live: set[str]) -> tuple[list[str], list[str]]:
-    """(ids to cancel, ids already finished), in the record's order: replicas before the control
-    job, so none outlives its control plane. A job Slurm no longer lists has finished."""
-    return [i for i in record_ids if i in live], [i for i in record_ids if i not in live]
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-def cancel(run_dir: Path) -> None:
-    """Cancel every job of a run that is still queued or running (as recorded in
-    RUN_DIR/jobs.json); says which had already finished."""
-    from slurm.backend import make_backend
-    from slurm.run_dir import live_jobs, read_run
-    from slurm.submit import check_slurm_conf
-
-    record = read_run(run_dir)
-    check_slurm_conf()
-    backend = make_backend(notice=stderr_notice)
-    from runtime.control.spares import PoolFileError, read_pool
-    from slurm.errors import InputError
-
-    # The hot-spare slots (a replica may run in one). A pool file that cannot be read still
-    # lets the rest be cancelled, then fails: its slot jobs may hold nodes.
-    unreadable: PoolFileError | None = None
-    try:
-        pool = read_pool(run_dir)
-    except PoolFileError as exc:
-        pool, unreadable = None, exc
-    spares = [s.job_id for s in pool.slots] if pool else []
-    ids = [r.job_id for r in record.replicas] + spares
-    ids += [record.control.job_id] if record.control else []
-    live = {j.base_id for j in live_jobs(record, backend, spares)}
-    to_cancel, finished = cancel_order(ids, live)
-    if to_cancel:
-        backend.cancel(to_cancel)
-        click.echo(f"cancelled {len(to_cancel)} job(s): {','.join(to_cancel)}")
-    else:
-        click.echo("nothing left to cancel")
-    if finished:
-        click.echo(f"already finished: {','.join(finished)}")
-    if unreadable is not None:
-        raise InputError(
-            "spares.json",
-            str(unreadable),
-            "a readable spare pool; its slot jobs (job name ending -spare) were not cancelled: "
-            "scancel them by hand",
-        )

@@ -21,7 +21,7 @@ from slurm.backend import SlurmBackend
 
 def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
     """A run's state as plain data: the run's name and dir, and one row per job."""
-    from slurm.run_dir import job_rows, read_run
+    from slurm.rundir import job_rows, read_run
 
     record = read_run(run_dir)
     queued = backend.jobs(record.job_ids)
@@ -272,7 +272,7 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     from rich.console import Console
 
     from slurm.backend import make_backend
-    from slurm.run_dir import check_run_files
+    from slurm.rundir import check_run_files
     from slurm.submit import check_slurm_conf
 
     check_run_files(run_dir)
@@ -325,7 +325,7 @@ def requeue(
     """Requeue one replica's job (draining a node first), through the coordinator if it runs."""
     from runtime.control.client import request_requeue
     from slurm.backend import make_backend
-    from slurm.run_dir import check_run_files
+    from slurm.rundir import check_run_files
     from slurm.submit import check_slurm_conf
 
     check_run_files(run_dir, spec=False)

@@ -1,7 +1,7 @@
 """Who may call the coordinator: the run secret, the keys derived from it, and signed reads.
 
 Every signed request is checked against a key derived from `run_dir/secret` (see
-`runtime.control.report`): `control` for the operator's commands, `replica-K` for replica K's
+`runtime.protocol`): `control` for the operator's commands, `replica-K` for replica K's
 reports. `ensure_secret` creates the secret (0600) or refuses one that others can read.
 `RequestAuth` caches the derived keys and remembers the nonces of signed GETs, which are not
 journaled (a replayed read changes nothing) but must still be refused while their signature is
@@ -14,8 +14,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from runtime.control.report import MAX_CLOCK_SKEW_S, create_secret, derive_key, read_secret
+from runtime.protocol import MAX_CLOCK_SKEW_S, derive_key
 from slurm.errors import EnvironmentProblem
+from slurm.rundir import create_secret, read_secret
 
 SECRET_FILE = "secret"
 

@@ -17,10 +17,11 @@ from typing import Any
 from runtime.control.journal.describe import JournalEntry
 from runtime.control.journal.schema import JOURNAL_FILE
 from runtime.control.journal.store import Journal
-from runtime.control.report import CONTROL_KEY, read_secret, sign
+from runtime.protocol import CONTROL_KEY, sign
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
 from slurm.hostlist import job_nodes
+from slurm.rundir import read_control, read_secret
 
 #: squeue state -> the status table's state when the coordinator has nothing to say.
 _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}
@@ -29,19 +30,8 @@ _SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeu
 def coordinator_url(run_dir: Path) -> str | None:
     """The coordinator's URL from `control.json`; None while there is none (not written yet,
     or being replaced). A file of another shape is an `InputError`, never "no coordinator"."""
-    path = Path(run_dir) / "control.json"
-    try:
-        data = json.loads(path.read_text())
-    except OSError:
-        return None
-    except ValueError:
-        raise InputError(str(path), "not JSON", "the control job's JSON object") from None
-    value = data.get("coordinator") if isinstance(data, dict) else data
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise InputError(f"{path}: coordinator", value, "an http:// URL") from None
-    return value
+    found = read_control(run_dir)
+    return None if found is None else found.coordinator
 
 
 def fetch_state(run_dir: Path, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -122,7 +112,7 @@ def request_requeue(
     timeout: float = 5.0,
 ) -> dict[str, Any]:
     """Requeue one replica's job (draining `drain` first) via the coordinator, else directly."""
-    from slurm.run_dir import read_run
+    from slurm.rundir import read_run
 
     job_id = read_run(run_dir).replica(replica).job_id
     url = coordinator_url(run_dir)

@@ -20,13 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from runtime.control.auth import RequestAuth, ensure_secret
@@ -47,15 +44,15 @@ from runtime.control.policy import (
     Tick,
     step,
 )
-from runtime.control.report import ReplicaReport
 from runtime.control.settings import CoordinatorConfig
 from runtime.control.spare_manager import SpareManager
 from runtime.control.spare_manager import carry_out as spares_carry_out
 from runtime.control.spare_manager import on_poll as spares_on_poll
 from runtime.control.straggler.service import StragglerService
+from runtime.protocol import ReplicaReport
 from slurm.backend import SlurmBackend, make_backend
 from slurm.hostlist import job_nodes
-from slurm.run_dir import TERMINAL_STATES
+from slurm.rundir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -383,15 +380,3 @@ def _same(a: RunState, b: RunState) -> bool:
 def _expand_once(nodes: str) -> tuple[str, ...]:
     """`job_nodes`, remembered: every poll sees the same hostlists again."""
     return tuple(job_nodes(nodes))
-
-
-def write_control_file(run_dir: Path, data: dict[str, Any]) -> Path:
-    """Write `run_dir/control.json` atomically (replicas may read it at any moment), mode 0600."""
-    path = run_dir / "control.json"
-    tmp = path.with_name(f".control.json.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-    return path

@@ -6,7 +6,7 @@ starts it (the replica supervisor on Slurm, `fthsdp run --local` here) speaks fo
 - it tees the step's stdout and stderr through itself (the job log still gets every line) and
   matches `[train] progress_regex` against group rank 0's lines, or tails `[train]
   progress_file`, for the group's step;
-- it sends a signed status report (`runtime.reporting.ReportClient`) about once a second while
+- it sends a signed status report (`runtime.report_sender.ReportClient`) about once a second while
   the step runs: alive, the step, the seconds per step since the last report;
 - a step whose progress has not advanced for `progress_timeout_s` (from its launch or its last
   step) is hung: it is stopped and ends as a process fault (`ExitCode.PROCESS_FAULT`), which the
@@ -203,7 +203,7 @@ class ForeignStep:
             t.join(timeout=5.0)
         if self.file is not None:
             self.file.poll()
-        from runtime.control.report import ExitCode
+        from runtime.protocol import ExitCode
 
         if self.fault is not None:
             return int(ExitCode.NODE_FAULT)

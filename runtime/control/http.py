@@ -46,7 +46,8 @@ from runtime.control.guard import (
 from runtime.control.journal.writer import JournalUnavailable
 from runtime.control.metrics import aiohttp_handler
 from runtime.control.policy import OperatorRequeue, ReportReceived, directive_for
-from runtime.control.report import (
+from runtime.control.settings import CoordinatorConfig
+from runtime.protocol import (
     CONTROL_KEY,
     JOB_ID,
     MAX_INT,
@@ -58,7 +59,6 @@ from runtime.control.report import (
     signed_headers,
     verify,
 )
-from runtime.control.settings import CoordinatorConfig
 from slurm.backend import SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem
 

@@ -31,7 +31,7 @@ import copy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from runtime.control.report import ExitCode, ReplicaReport
+from runtime.protocol import ExitCode, ReplicaReport
 from slurm.backend import DRAIN_PREFIX, REASON_MAX, drain_reason
 
 Phase = Literal[

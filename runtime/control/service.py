@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -38,16 +37,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from runtime.control.coordinator import write_control_file
 from runtime.control.http import RunningCoordinator, start_coordinator
 from runtime.control.settings import CoordinatorConfig
 from runtime.net import free_port
 from slurm.errors import EnvironmentProblem
+from slurm.rundir import RunFileError, read_control, write_control_file
 
 log = logging.getLogger("fthsdp.control")
 
@@ -114,10 +113,10 @@ def previous_ports(
 
 def read_previous(run_dir: Path) -> dict[str, object]:
     try:
-        data = json.loads((run_dir / "control.json").read_text())
-    except (OSError, ValueError):
+        found = read_control(run_dir)
+    except RunFileError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return {} if found is None else asdict(found)
 
 
 #: What the control job writes in the run directory: readable by the run's user only.

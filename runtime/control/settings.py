@@ -19,7 +19,7 @@ from runtime.control.policy import PolicyConfig
 from runtime.control.straggler.detect import StragglerConfig
 from runtime.control.straggler.evict import EvictionConfig
 from slurm.errors import InputError
-from slurm.run_dir import read_job_ids, read_spec_data
+from slurm.rundir import read_job_ids, read_spec_data
 
 RUN_FILE = "run.json"
 

@@ -33,20 +33,22 @@ from runtime.control.spare_slots import (
     plan_upkeep,
     pool_summary,
 )
-from runtime.control.spares import (
+from slurm.backend import SlurmBackend, SlurmCommandError
+from slurm.errors import EnvironmentProblem, InputError
+from slurm.hostlist import job_nodes
+from slurm.rundir import (
     REPLICA_SCRIPT,
+    SPARE_SCRIPT,
+    SPARES_FILE,
     Fallback,
     Move,
     Pool,
     PoolFileError,
     Slot,
     read_pool,
+    read_run,
     write_pool,
 )
-from slurm.backend import SlurmBackend, SlurmCommandError
-from slurm.errors import EnvironmentProblem, InputError
-from slurm.hostlist import job_nodes
-from slurm.submit import SPARE_SCRIPT, SPARES_FILE
 
 log = logging.getLogger("fthsdp.spares")
 
@@ -286,8 +288,6 @@ async def on_poll(coord: PoolHost, every: int = 3) -> None:
 
 def _script_of(run_dir: Path, replica: int) -> str:
     """The replica's script name as jobs.json records it."""
-    from slurm.run_dir import read_run
-
     for rec in read_run(run_dir).replicas:
         if rec.replica == replica and REPLICA_SCRIPT.fullmatch(rec.script):
             return rec.script

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from runtime.control.spares import LIVE_STATES, Move, Pool, Slot
+from runtime.control.spares import LIVE_STATES
+from slurm.rundir import Move, Pool, Slot
 
 #: How many moves and fallbacks spares.json keeps (the journal keeps them all).
 HISTORY = 50

@@ -52,13 +52,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from runtime.control.report import ExitCode, ReplicaReport, read_secret, replica_key_id, sign
+from runtime.protocol import ExitCode, ReplicaReport, replica_key_id, sign
 from slurm import hostlist
 from slurm.backend import SlurmBackend, SlurmCommandError, SlurmOutputError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.rundir import CONTROL_FILE, RunFileError, read_control, read_secret
 
 if TYPE_CHECKING:
-    from runtime.reporting import ReportClient
+    from runtime.report_sender import ReportClient
 
 log = logging.getLogger("fthsdp.supervisor")
 
@@ -155,21 +156,19 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
     """Why the run's control plane is not usable yet, or None once it is: `control.json`
     written by the control job `control_job` (when known), its coordinator (and Lighthouse,
     when it has one) accepting connections."""
-    path = run_dir / "control.json"
+    path = run_dir / CONTROL_FILE
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+        data = read_control(run_dir)
+    except RunFileError as exc:
+        return f"{path} not readable yet ({exc.allowed})"
+    if data is None:
         return f"no {path} yet"
-    except (OSError, ValueError) as exc:
-        return f"{path} not readable yet ({exc})"
-    if not isinstance(data, dict):
-        return f"{path} is not an object"
-    written_by = data.get("job_id")
+    written_by = data.job_id
     if control_job and written_by and written_by != control_job:
         return f"{path} is from control job {written_by}, not this run's {control_job}"
-    if not _answers(data.get("coordinator")):
-        return f"coordinator {data.get('coordinator')} not answering"
-    lighthouse = data.get("lighthouse")
+    if not _answers(data.coordinator):
+        return f"coordinator {data.coordinator} not answering"
+    lighthouse = data.lighthouse
     if lighthouse is not None and not _answers(lighthouse):
         return f"Lighthouse {lighthouse} not answering"
     return None
@@ -178,10 +177,10 @@ def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str 
 def _control_address(run_dir: Path, key: str) -> str | None:
     """One address from `control.json`, or None while the control job has not written it."""
     try:
-        data = json.loads((run_dir / "control.json").read_text())
-    except (OSError, ValueError):
+        data = read_control(run_dir)
+    except RunFileError:
         return None
-    value = data.get(key) if isinstance(data, dict) else None
+    value = getattr(data, key) if data is not None else None
     return value if isinstance(value, str) and value else None
 
 
@@ -239,7 +238,7 @@ class Supervisor:
         self.hung: str | None = None
         self._control_job: str | None = None
         try:
-            from slurm.run_dir import read_run
+            from slurm.rundir import read_run
 
             record = read_run(config.run_dir)
             self._control_job = record.control.job_id if record.control else None
@@ -276,8 +275,9 @@ class Supervisor:
     def run_foreign_step(self, env: dict[str, str]) -> int:
         """Launch a foreign torchft trainer's step and report for it (module docstring)."""
         from runtime.control.foreign_step import ForeignLaunch, ForeignStep
-        from runtime.foreign import GroupEndpoints, dump_dir, launch_env, progress_path
+        from runtime.foreign import GroupEndpoints, launch_env, progress_path
         from runtime.rendezvous import RendezvousError, node_address, pick_port
+        from slurm.contract import dump_dir
 
         c = self.config
         found = lighthouse_url(c.run_dir)
@@ -319,7 +319,7 @@ class Supervisor:
 
     def _report_client(self) -> ReportClient | None:
         """This launch's status report client, or None when the run has no secret."""
-        from runtime.reporting import ReportClient
+        from runtime.report_sender import ReportClient
 
         c = self.config
         secret = c.run_dir / "secret"
@@ -404,7 +404,7 @@ class Supervisor:
             return None
         if not infos:
             return "gone"
-        from slurm.run_dir import TERMINAL_STATES
+        from slurm.rundir import TERMINAL_STATES
 
         state = infos[0].state.upper()
         return state if state in TERMINAL_STATES else None

@@ -30,14 +30,13 @@ from runtime.control.service import Lighthouse, LighthouseConfig
 from runtime.foreign import (
     INCARNATION_VAR,
     GroupEndpoints,
-    dump_dir,
     launch_env,
     marked_processes,
     progress_path,
     stop_leftovers,
-    torchft_timeouts,
 )
 from runtime.net import free_port
+from slurm.contract import dump_dir, torchft_timeouts
 
 
 @dataclass

@@ -16,8 +16,8 @@ import sys
 import time
 from urllib.parse import urlparse
 
-from runtime.control.report import ExitCode
 from runtime.env import WorkerEnv
+from runtime.protocol import ExitCode
 from runtime.worker.errors import FatalWorkerError
 
 log = logging.getLogger("fthsdp.runtime")

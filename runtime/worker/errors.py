@@ -1,14 +1,14 @@
 """The failure a worker cannot continue from, with the exit code of its class.
 
 Every part of the worker raises it; the facade turns it into the classified final report and
-the process's exit code (`runtime.control.report.ExitCode`), which the supervisor acts on.
+the process's exit code (`runtime.protocol.ExitCode`), which the supervisor acts on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.control.report import ExitCode
+from runtime.protocol import ExitCode
 
 
 class FatalWorkerError(RuntimeError):

@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import ledger
-from runtime.control.report import ExitCode
 from runtime.control.straggler.steptiming import (
     SLOW_FACTOR_ENV,
     SlowFault,
@@ -41,6 +40,7 @@ from runtime.control.straggler.steptiming import (
     rank_timing_every,
 )
 from runtime.env import EnvError, WorkerEnv
+from runtime.protocol import ExitCode
 from runtime.worker.allreduce import allreduce_gradients
 from runtime.worker.control_wait import ControlRestartWait
 from runtime.worker.errors import FatalWorkerError

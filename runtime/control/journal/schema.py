@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.control.policy import Action
-from slurm.run_dir import RunFileError
+from slurm.rundir import RunFileError
 
 JOURNAL_FILE = "control.sqlite"
 

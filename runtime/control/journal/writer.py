@@ -43,7 +43,7 @@ from runtime.control.policy import (
     action_to_dict,
     event_to_dict,
 )
-from runtime.control.report import MAX_CLOCK_SKEW_S
+from runtime.protocol import MAX_CLOCK_SKEW_S
 
 log = logging.getLogger("fthsdp.journal")
 

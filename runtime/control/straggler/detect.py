@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from runtime.control.report import ReplicaReport
+    from runtime.protocol import ReplicaReport
 
 VerdictState = Literal["ok", "suspect", "straggler"]
 #: Ratios kept per episode (the median is taken over these); bounds memory on long episodes.

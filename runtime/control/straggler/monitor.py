@@ -29,7 +29,7 @@ from runtime.control.straggler.evict import (
 )
 
 if TYPE_CHECKING:
-    from runtime.control.report import ReplicaReport
+    from runtime.protocol import ReplicaReport
 
 
 class StragglerMonitor:

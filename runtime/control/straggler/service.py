@@ -14,10 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 from runtime.control.policy import Action, Requeue, RunState, StragglerEviction
-from runtime.control.report import ReplicaReport
 from runtime.control.straggler.detect import StragglerConfig, TimingSample, describe, stragglers
 from runtime.control.straggler.evict import EvictionConfig, StragglerDecision
 from runtime.control.straggler.monitor import StragglerMonitor
+from runtime.protocol import ReplicaReport
 
 #: Policy phases in which a replica is doing useful work (for ETTR) / counts as participating.
 _PRODUCTIVE = ("training",)

@@ -1,7 +1,7 @@
-"""The replica leader's reports to the coordinator, and how a fatal failure is classified.
+"""The replica leader's reports to the coordinator: a signed, non-blocking sender.
 
 Group rank 0 of each replica posts `ReplicaReport`s to `{coordinator}/v1/reports`, signed with
-its replica's key (`runtime.control.report.sign`: method, path, timestamp, nonce and body; the
+its replica's key (`runtime.protocol.sign`: method, path, timestamp, nonce and body; the
 coordinator URL and the run secret come from the run directory). A report must carry the
 replica's Slurm job id; the coordinator refuses it otherwise. Training never waits on this:
 reports go through a bounded queue to a background thread. A 200 is accepted; a 4xx is a
@@ -10,9 +10,7 @@ connection error keeps the report in a bounded buffer and re-reads the control f
 control job may have been requeued to another host. The last report, on a fatal error, is sent
 synchronously with a short timeout before the process exits.
 
-`classify_failure` is the pure part: from the exception (and what the node watchdog saw) it
-decides process fault vs node fault and the exit code, which is what the coordinator's policy and
-the replica's supervisor act on (relaunch in place vs drain the node and requeue).
+How a fatal failure is classified is `runtime.failure_class`.
 """
 
 from __future__ import annotations
@@ -24,86 +22,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from runtime.control.report import (
-    ExitCode,
-    FailureClass,
+from runtime.env import WorkerEnv
+from runtime.protocol import (
     ReplicaReport,
     check_node,
-    read_secret,
     replica_key_id,
     sign,
 )
-from runtime.env import WorkerEnv
+from slurm.rundir import SECRET_FILE, read_secret
 
 log = logging.getLogger("fthsdp.reporting")
-
-#: Text in an error that points at the node's hardware, not at a process.
-NODE_FAULT_MARKERS = (
-    "xid",
-    "uncorrectable ecc",
-    "ecc error",
-    "gpu is lost",
-    "fallen off the bus",
-    "gpu-count",
-    "cuda error: unknown error",
-    "nvml",
-    "health check",
-)
-#: Text that points at a peer or a collective (the node itself is fine).
-PROCESS_FAULT_MARKERS = (
-    "connection reset",
-    "connection closed",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "gloo",
-    "nccl",
-    "peer",
-    "quorum",
-    "commit vote",
-    "transport error",
-    "checkpoint",
-)
-
-
-@dataclass(frozen=True)
-class FailureVerdict:
-    failure: FailureClass | None
-    exit_code: ExitCode
-    node: str | None
-    evidence: list[str] = field(default_factory=list)
-
-
-def classify_text(text: str, node: str | None) -> FailureVerdict:
-    """Classify an error message alone (table-tested)."""
-    low = text.lower()
-    evidence = [line.strip() for line in text.splitlines() if line.strip()][:3]
-    if any(m in low for m in NODE_FAULT_MARKERS):
-        return FailureVerdict("node", ExitCode.NODE_FAULT, node, evidence)
-    if any(m in low for m in PROCESS_FAULT_MARKERS):
-        return FailureVerdict("process", ExitCode.PROCESS_FAULT, node, evidence)
-    return FailureVerdict(None, ExitCode.USER_ERROR, node, evidence)
-
-
-def classify_failure(exc: BaseException, node: str | None) -> FailureVerdict:
-    """Classify a fatal exception; an exit code carried by the exception wins."""
-    code = getattr(exc, "exit_code", None)
-    evidence = list(getattr(exc, "evidence", []) or [])
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(code, ExitCode):
-        classes: dict[ExitCode, FailureClass] = {
-            ExitCode.NODE_FAULT: "node",
-            ExitCode.PROCESS_FAULT: "process",
-            ExitCode.NO_QUORUM_SERVICE: "process",
-        }
-        failure = classes.get(code)
-        return FailureVerdict(failure, code, node, evidence or [text[:300]])
-    verdict = classify_text(text, node)
-    return FailureVerdict(verdict.failure, verdict.exit_code, node, evidence or verdict.evidence)
 
 
 def fit_report_fields(fields: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +92,7 @@ class ReportClient:
     @classmethod
     def for_worker(cls, env: WorkerEnv, incarnation: str) -> ReportClient | None:
         """A client when the run has a control file and a secret; None (reports off) otherwise."""
-        secret_path = env.run_dir / "secret"
+        secret_path = env.run_dir / SECRET_FILE
         if env.control_file is None or not secret_path.exists():
             return None
 
@@ -266,7 +196,3 @@ class ReportClient:
                 self._backlog.popleft()
             if stop:
                 return
-
-
-def secret_path(run_dir: Path) -> Path:
-    return run_dir / "secret"

@@ -1,4 +1,9 @@
-"""What a replica leader tells the coordinator, and how the message is authenticated.
+"""The wire protocol: what a replica leader tells the coordinator, and how it is authenticated.
+
+This module is the protocol's one home: the messages (`ReplicaReport`, `RequeueRequest`), their
+field validation, the exit codes, the per-replica keys (`derive_key`, `replica_key_id`) and the
+request signature (`sign`, `verify`, `signed_headers`, `check_fresh`). The run secret the keys
+derive from is the run directory's (`slurm.rundir.secret`).
 
 Group rank 0 of each replica sends a `ReplicaReport` every few steps and a final one, with the
 failure classified, when it dies. The coordinator acts on these reports (requeue a job, drain a
@@ -17,12 +22,10 @@ import hashlib
 import hmac
 import json
 import math
-import os
 import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 SIGNATURE_HEADER = "X-Fthsdp-Signature"
@@ -280,19 +283,6 @@ class RequeueRequest:
             drain=_node(data, "drain"),
             reason=reason,
         )
-
-
-def create_secret(path: Path) -> bytes:
-    """Create the run secret with mode 0600 (atomically: it is never world-readable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return read_secret(path)
-
-
-def read_secret(path: Path) -> bytes:
-    return path.read_text().strip().encode()
 
 
 #: Key ids: each replica signs with its own key, the operator's commands with another.

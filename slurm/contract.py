@@ -1,0 +1,81 @@
+"""The launch contract: the variables a run's scripts export and the runtime reads.
+
+`slurm.render` writes these names into every sbatch script (`export NAME=value`), and the
+runtime reads them back in the worker (`runtime.env.parse_env`), the replica supervisor and the
+foreign-trainer step. Spelling each name once, here, on the Slurm side (which imports nothing of
+the runtime), keeps the two sides from drifting apart. The values that both sides derive from
+the spec live here for the same reason: a foreign trainer's dump folder (`dump_dir`) and
+torchft's timeout variables (`torchft_timeouts`). Pure, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+# -- what every job of a run exports (`slurm.render.runtime_env`) ------------------------------
+RUN_DIR = "FTHSDP_RUN_DIR"
+REPLICA_ID = "FTHSDP_REPLICA_ID"
+NUM_REPLICAS = "FTHSDP_NUM_REPLICAS"
+CONTROL_FILE = "FTHSDP_CONTROL_FILE"
+JOB_NAME = "FTHSDP_JOB_NAME"
+MIN_REPLICAS = "FTHSDP_MIN_REPLICAS"
+MAX_RESTARTS_PER_REPLICA = "FTHSDP_MAX_RESTARTS_PER_REPLICA"
+RESTART_WINDOW_S = "FTHSDP_RESTART_WINDOW_S"
+HEARTBEAT_TIMEOUT_S = "FTHSDP_HEARTBEAT_TIMEOUT_S"
+ALLREDUCE_TIMEOUT_S = "FTHSDP_ALLREDUCE_TIMEOUT_S"
+QUORUM_TIMEOUT_S = "FTHSDP_QUORUM_TIMEOUT_S"
+JOIN_TIMEOUT_S = "FTHSDP_JOIN_TIMEOUT_S"
+CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
+CHECKPOINT_EVERY_S = "FTHSDP_CHECKPOINT_EVERY_S"
+STEPS = "FTHSDP_STEPS"
+HEALTH_CHECKS = "FTHSDP_HEALTH_CHECKS"
+#: A fixed Lighthouse instead of the control file (a worker started by hand); torchft's own
+#: name is read as the fallback.
+LIGHTHOUSE = "FTHSDP_LIGHTHOUSE"
+TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+
+# -- what a foreign torchft trainer's group exports (`slurm.render.foreign_env`) ---------------
+TRAIN_MODE = "FTHSDP_TRAIN_MODE"
+NUM_REPLICA_GROUPS = "FTHSDP_NUM_REPLICA_GROUPS"
+DUMP_DIR = "FTHSDP_DUMP_DIR"
+PROGRESS_REGEX = "FTHSDP_PROGRESS_REGEX"
+PROGRESS_FILE = "FTHSDP_PROGRESS_FILE"
+PROGRESS_TIMEOUT_S = "FTHSDP_PROGRESS_TIMEOUT_S"
+#: torchft's own names for the group's identity.
+TORCHFT_REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
+TORCHFT_NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
+TORCHFT_TIMEOUT_SEC = "TORCHFT_TIMEOUT_SEC"
+TORCHFT_QUORUM_TIMEOUT_SEC = "TORCHFT_QUORUM_TIMEOUT_SEC"
+TORCHFT_CONNECT_TIMEOUT_SEC = "TORCHFT_CONNECT_TIMEOUT_SEC"
+
+# -- what the replica supervisor adds per launch of a foreign trainer (`runtime.foreign`) --------
+#: Also TORCHFT_LIGHTHOUSE, MASTER_ADDR and MASTER_PORT.
+RDZV_ENDPOINT = "FTHSDP_RDZV_ENDPOINT"
+
+# -- what Slurm (srun) or torchrun sets, and the worker reads -----------------------------------
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_NTASKS = "SLURM_NTASKS"
+SLURM_LOCALID = "SLURM_LOCALID"
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+
+def dump_dir(run_dir: Path, replica: int) -> Path:
+    """The per-group folder a trainer may write its dumps, logs and progress to."""
+    return run_dir / "dump" / f"replica-{replica:02d}"
+
+
+def torchft_timeouts(op_s: float, quorum_s: float, connect_s: float) -> list[tuple[str, str]]:
+    """torchft's timeout variables; it reads whole seconds (`int()`), so fractions round up."""
+    return [
+        (TORCHFT_TIMEOUT_SEC, str(math.ceil(op_s))),
+        (TORCHFT_QUORUM_TIMEOUT_SEC, str(math.ceil(quorum_s))),
+        (TORCHFT_CONNECT_TIMEOUT_SEC, str(math.ceil(connect_s))),
+    ]

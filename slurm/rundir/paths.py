@@ -1,0 +1,47 @@
+"""The names and modes of everything in a run directory, and the one way a private file is written.
+
+`run_dir` (on a shared filesystem) is the run's single source of truth outside Slurm. Every file
+name in it is spelled here once, so `fthsdp submit`, the control plane, the replicas and the
+operator's commands agree on them. The directory is private to its owner (0700) and the files
+that hold the run's state or key are 0600, written atomically (`write_private`): a reader never
+sees half a file, and a key is never briefly readable by others.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Which Slurm job id belongs to which replica (`jobs.RunRecord`).
+JOBS_FILE = "jobs.json"
+#: The resolved spec (defaults filled in, overrides applied).
+SPEC_FILE = "spec.json"
+#: The control plane's addresses, written by the control job (`control.ControlFile`).
+CONTROL_FILE = "control.json"
+#: The run's HMAC key for the leaders' reports.
+SECRET_FILE = "secret"
+#: Every job's stdout/stderr.
+LOG_DIR = "logs"
+#: The spare slot script and the hot-spare pool file (`spares.Pool`).
+SPARE_SCRIPT = "spare.sbatch"
+SPARES_FILE = "spares.json"
+#: Where `submit --force` moves an earlier run's state (`archive.archive_state`).
+ARCHIVE_DIR = "archive"
+#: The run directory and logs/: the owner only (the run's key and state live there).
+RUN_DIR_MODE = 0o700
+#: jobs.json, spec.json, secret, spares.json, control.json.
+PRIVATE_FILE_MODE = 0o600
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically, mode 0600 from the start (never briefly readable)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, PRIVATE_FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
