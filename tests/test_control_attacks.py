@@ -88,6 +88,17 @@ NODE_CASES: list[tuple[str, dict[str, Any], int]] = [
 ]
 
 
+async def _post_signed(
+    http: aiohttp.ClientSession, url: str, secret: bytes, data: dict[str, Any]
+) -> int:
+    """Posts `data` as replica 1's signed report; returns the HTTP status."""
+    body = json.dumps(data).encode()
+    headers = sign(secret, replica_key_id(1), "POST", "/v1/reports", body)
+    async with http.post(url + "/v1/reports", data=body, headers=headers) as r:
+        await r.read()
+        return r.status
+
+
 async def _post_cases(run_dir: Path) -> dict[str, Any]:
     backend = RecordingBackend({"100": "node1", "101": "node[2-3]"})
     running = await start_coordinator(_config(run_dir), backend)
@@ -95,19 +106,13 @@ async def _post_cases(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"statuses": {}}
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def post(data: dict[str, Any]) -> int:
-                body = json.dumps(data).encode()
-                headers = sign(secret, replica_key_id(1), "POST", "/v1/reports", body)
-                async with http.post(running.url + "/v1/reports", data=body, headers=headers) as r:
-                    await r.read()
-                    return r.status
-
             for name, data, _ in NODE_CASES:
-                out["statuses"][name] = await post(data)
+                out["statuses"][name] = await _post_signed(http, running.url, secret, data)
             out["events_before_good"] = len(running.coordinator.journal.events())
             out["calls_before_good"] = list(backend.calls)
-            out["good"] = await post(_fatal(failed_node="node3", nodes=["node2"]))
+            out["good"] = await _post_signed(
+                http, running.url, secret, _fatal(failed_node="node3", nodes=["node2"])
+            )
             for _ in range(100):
                 if len(backend.calls) >= 3:
                     break
@@ -143,20 +148,16 @@ async def _single_node_other_name(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         async with aiohttp.ClientSession() as http:
-
-            async def post(data: dict[str, Any]) -> int:
-                body = json.dumps(data).encode()
-                headers = sign(secret, replica_key_id(1), "POST", "/v1/reports", body)
-                async with http.post(running.url + "/v1/reports", data=body, headers=headers) as r:
-                    await r.read()
-                    return r.status
-
-            out["status"] = await post(_fatal(failed_node="node7"))
+            out["status"] = await _post_signed(
+                http, running.url, secret, _fatal(failed_node="node7")
+            )
             # The same replica's next, honest report: a report's event is journaled before it
             # is answered, and events are journaled and acted on in order, so once this one's
             # actions are done anything the refused one had set off is in the journal and the
             # calls already.
-            out["good"] = await post(_fatal(seq=2, failed_node="node2"))
+            out["good"] = await _post_signed(
+                http, running.url, secret, _fatal(seq=2, failed_node="node2")
+            )
             for _ in range(200):
                 if ("release", "101") in backend.calls:
                     break
