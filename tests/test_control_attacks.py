@@ -229,6 +229,7 @@ async def _cap_and_deadline(run_dir: Path, guard: GuardConfig, n: int) -> dict[s
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_half_open_connections_are_evicted_at_the_cap(tmp_path: Path) -> None:
     guard = GuardConfig(max_connections=32, header_timeout_s=60.0)

@@ -113,6 +113,7 @@ def test_unreachable_coordinator_falls_back_to_self_requeue(
     assert calls(root, "scontrol update JobId=101 StartTime=now")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_late_control_plane_is_waited_for(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811

@@ -138,6 +138,7 @@ def _stays_up(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
     assert "the control job ends" not in log, log[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "end",
@@ -167,6 +168,7 @@ def test_control_job_ends_by_itself(
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_control_job_stays_while_one_replica_runs(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],
@@ -195,6 +197,7 @@ def _listening(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lighthouse_that_dies_is_started_again_on_a_free_port(
     tmp_path: Path, taken_port: int
