@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps chroots test test-slurm lint typecheck unit demo bench clean
+.PHONY: install slurm-deps chroots test test-slurm lint typecheck check demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy
+
+# The developers' fast tier (the README's full command stays `make test`): lint, types, and every
+# test that is neither marked `slurm` (needs the dev cluster) nor `slow` (real multi-process runs
+# of ten seconds or more: torch/torchft workers, a control job through its polls and graces, kill
+# -9 loops; `make test` runs them), on two pytest-xdist workers: most of its time is spent waiting
+# on subprocesses. About 3 minutes on the shared 2-core VM (docs/benchmarks.md).
+check: lint typecheck
+	$(BIN)/python -m pytest -q -m "not slurm and not slow" -n 2 $(PYTEST_ARGS)
 
 test: install slurm-deps lint typecheck chroots
 	$(BIN)/python -m pytest

@@ -49,9 +49,22 @@ def test_an_unreachable_controller_is_retried_aloud_then_fails(tmp_path: Path) -
     assert all("Unable to contact slurm controller" in m for m in seen)
 
 
+def _gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def test_the_deadline_holds_and_the_command_is_stopped(tmp_path: Path) -> None:
-    marker = tmp_path / "still-running"
-    hung = _script(tmp_path, "scontrol", f"sleep 30; touch {marker}")
+    # The command's child has let go of the pipes, so only a kill of the whole process group
+    # stops it: killing the command alone would leave it running its 30 s.
+    pid_file = tmp_path / "child.pid"
+    hung = _script(
+        tmp_path, "scontrol", f"sleep 30 >/dev/null 2>&1 </dev/null & echo $! > {pid_file}; wait"
+    )
     seen: list[str] = []
     backend = CommandBackend(timeout=WAIT_NOTICE_AFTER_S + 1, retries=1, notice=seen.append)
     start = time.monotonic()
@@ -59,8 +72,11 @@ def test_the_deadline_holds_and_the_command_is_stopped(tmp_path: Path) -> None:
         backend._run([hung])
     assert time.monotonic() - start < WAIT_NOTICE_AFTER_S + 10
     assert len(seen) == 1
-    time.sleep(0.5)
-    assert not marker.exists()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10  # a third of the child's 30 s: it was stopped, not done
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child), f"the command's child {child} outlived the deadline"
 
 
 def test_without_a_notice_nothing_changes(tmp_path: Path) -> None:

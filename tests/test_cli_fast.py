@@ -28,15 +28,19 @@ def test_help_imports_no_torch() -> None:
 
 
 def test_help_is_fast() -> None:
-    timings = []
+    # What this catches: `--help` pulling in a heavy import (torch costs seconds, aiohttp half a
+    # second). The bound is relative, so that a loaded machine slows both sides alike: a fresh
+    # interpreter that only imports numpy (about 6x `--help` on an idle machine), run
+    # interleaved with `--help` in this test. The absolute cost of the CLI's import is a figure
+    # of benchmarks/render.py.
+    argvs = {
+        "help": [sys.executable, "-m", "fthsdp_cli", "--help"],
+        "numpy": [sys.executable, "-c", "import numpy"],
+    }
+    timings: dict[str, list[float]] = {name: [] for name in argvs}
     for _ in range(5):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "fthsdp_cli", "--help"],
-            capture_output=True,
-            env=ENV,
-            timeout=60,
-            check=True,
-        )
-        timings.append(time.perf_counter() - t0)
-    assert statistics.median(timings) < 0.3, timings
+        for name, argv in argvs.items():
+            t0 = time.perf_counter()
+            subprocess.run(argv, capture_output=True, env=ENV, timeout=60, check=True)
+            timings[name].append(time.perf_counter() - t0)
+    assert statistics.median(timings["help"]) < statistics.median(timings["numpy"]), timings

@@ -59,6 +59,7 @@ def run(tmp_path: Path) -> Iterator[tuple[Path, Path, ControlProcess]]:
         proc.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_kill_9_loses_and_repeats_no_decision(run: tuple[Path, Path, ControlProcess]) -> None:
     run_dir, root, proc = run
@@ -242,6 +243,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_during_compaction_loses_no_decision(tmp_path: Path) -> None:
     """A real child process compacts a 120,000-event journal and is SIGKILLed at a few

@@ -15,7 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from control_harness import ControlProcess, action_status, calls, live_run, set_jobs  # noqa: F401
+from control_harness import (  # noqa: F401
+    ControlProcess,
+    action_status,
+    calls,
+    live_run,
+    set_jobs,
+    wait_for,
+)
 
 # Fails the first launch with the given code, succeeds on the next one.
 STEP = 'echo "$FTHSDP_LAUNCH $FTHSDP_INCARNATION" >> "$1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit "$2"'
@@ -106,6 +113,7 @@ def test_unreachable_coordinator_falls_back_to_self_requeue(
     assert calls(root, "scontrol update JobId=101 StartTime=now")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_late_control_plane_is_waited_for(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
@@ -114,7 +122,12 @@ def test_a_late_control_plane_is_waited_for(
     env = dict(env, FTHSDP_CONTROL_WAIT_S="90")
     sup = subprocess.Popen(_argv(env, run_dir, 0), env=env, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(8)  # longer than a Lighthouse's idle start, and than one Slurm check
+        # Its first Slurm check of the control job (after 5 s, past a Lighthouse's idle start).
+        # The wait loop looks for control.json before it asks Slurm, so that pass goes on to
+        # judge this answer even if the control plane comes up now: a supervisor that took the
+        # running control job for an ended one exits 3 below instead of launching.
+        check = "squeue --json --jobs=99"
+        wait_for(lambda: calls(root, check) or sup.poll() is not None, 60, "a Slurm check")
         assert sup.poll() is None
         assert launches(run_dir) == []
         proc.start()

@@ -228,6 +228,7 @@ def _group_one(
     return run_dir, env, url
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_supervisor_reports_a_foreign_groups_step_to_the_coordinator(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],

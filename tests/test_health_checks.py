@@ -424,17 +424,20 @@ def test_simulated_node_faults(tmp_path, faults, failing):
 def test_simulated_ecc_fault_is_cheap_for_watchdog(tmp_path):
     write_node_inputs(tmp_path, "node1", faults=["ecc"])
     cfg = sim_config(tmp_path)
-    t0 = time.monotonic()
     res = run_checks(["xid", "gpu-count", "ecc"], cfg)
-    assert time.monotonic() - t0 < 2.0
+    # Cheap because it runs the subset and nothing else; what that costs in seconds is a
+    # figure of benchmarks/healthcheck.py ("watchdog subset"), not a bound a busy machine breaks.
+    assert [c.name for c in res.checks] == ["xid", "gpu-count", "ecc"]
     assert res.by_name()["ecc"].status == "fail" and "GPU2" in res.drain_reason
 
 
 @pytest.mark.timeout(30)
 def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
+    # A sleep no other test (or another checkout's run of this one) starts: its own length.
+    hang = f"1000.{os.getpid()}"
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nsleep 1000 &\nwait\n")
+    fake.write_text(f"#!/bin/sh\nsleep {hang} &\nwait\n")
     fake.chmod(0o755)
     cfg = with_general(
         load_config(),
@@ -446,17 +449,24 @@ def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
     t0 = time.monotonic()
     res = run_checks(["gpu-count", "ecc", "infiniband"], cfg, sysfs_root=FIX / "sysfs" / "healthy")
     elapsed = time.monotonic() - t0
-    assert elapsed < 1.5
+    # The tool would hang for 1000 s: any bound far below that shows the budget ended the
+    # suite. How close to the budget it ends (overrun < 0.5 s) is measured by
+    # benchmarks/healthcheck.py ("hung: overrun of the budget"), where load is recorded.
+    assert elapsed < 10 * 1.0
     assert res.by_name()["ecc"].status == "error" and "timed out" in res.by_name()["ecc"].detail
     assert res.by_name()["infiniband"].status == "pass"
     assert not res.healthy and res.drain_reason.startswith("fthsdp: gpu-count: error:")
     warn = run_checks(["ecc"], with_general(cfg, on_error="warn"))
     assert warn.healthy
-    time.sleep(0.3)
-    leftovers = [
-        p for p in os.listdir("/proc") if p.isdigit() and _cmd(p).startswith(b"sleep\x001000")
-    ]
-    assert leftovers == []
+    argv = b"sleep\x00" + hang.encode() + b"\x00"
+
+    def leftovers() -> list[str]:  # a killed one that is not reaped yet has no command line
+        return [p for p in os.listdir("/proc") if p.isdigit() and _cmd(p) == argv]
+
+    deadline = time.monotonic() + 10  # the kill is sent; its delivery is waited for, not guessed
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers() == []
 
 
 def _cmd(pid: str) -> bytes:

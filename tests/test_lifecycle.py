@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from control_harness import ControlProcess, set_jobs
+from control_harness import ControlProcess, calls, set_jobs, wait_for
 from control_harness import live_run as live_run  # the fixture
 
 from runtime.control.coordinator import run_over
@@ -113,6 +113,32 @@ def _control(
         proc.stop()
 
 
+def _polls(root: Path) -> list[str]:
+    """The control job's polls of the replica jobs, as the fake Slurm logged them."""
+    return calls(root, "squeue --json --jobs=")
+
+
+def _polls_seen(root: Path, proc: subprocess.Popen[bytes], before: int, more: int) -> None:
+    """Until `more` polls past the first `before` have started, or the control job exited.
+
+    The control job judges whether the run is over every second (`watch_finish`) and polls
+    every 3 s, in one event loop: a poll that started proves the previous poll's answer has been
+    judged, so "it stays up" is checked on an event, not after a guess at the time it takes.
+    """
+    wait_for(
+        lambda: len(_polls(root)) >= before + more or proc.poll() is not None,
+        timeout=60,
+        what=f"{more} more polls",
+    )
+
+
+def _stays_up(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+    log = (run_dir / "control.log").read_text()
+    assert proc.poll() is None, log[-2000:]
+    assert "the control job ends" not in log, log[-2000:]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "end",
@@ -128,8 +154,8 @@ def test_control_job_ends_by_itself(
 ) -> None:
     run_dir, root, _, _ = live_run
     with _control(live_run, 3) as proc:
-        time.sleep(8)  # two polls of running replicas: it stays up
-        assert proc.poll() is None
+        _polls_seen(root, proc, 0, 2)  # the first poll of running replicas judged: it stays
+        _stays_up(run_dir, proc)
         set_jobs(root, end)
         t0 = time.monotonic()
         code = proc.wait(60)
@@ -142,6 +168,7 @@ def test_control_job_ends_by_itself(
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_control_job_stays_while_one_replica_runs(
     live_run: tuple[Path, Path, dict[str, str], ControlProcess],
@@ -149,8 +176,9 @@ def test_control_job_stays_while_one_replica_runs(
     run_dir, root, _, _ = live_run
     with _control(live_run, 1) as proc:
         set_jobs(root, {"100": "COMPLETED"})
-        time.sleep(10)
-        assert proc.poll() is None, (run_dir / "control.log").read_text()[-2000:]
+        # A poll that saw the change, judged, and the next one 3 s later (3 x the grace).
+        _polls_seen(root, proc, len(_polls(root)), 2)
+        _stays_up(run_dir, proc)
 
 
 @pytest.fixture
@@ -169,6 +197,7 @@ def _listening(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lighthouse_that_dies_is_started_again_on_a_free_port(
     tmp_path: Path, taken_port: int

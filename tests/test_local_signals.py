@@ -60,6 +60,7 @@ def _committed(run_dir: Path) -> bool:
     return path.exists() and '"commit"' in path.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("sig", "as_json"), [(signal.SIGTERM, True), (signal.SIGINT, False)], ids=["term", "int"]
@@ -104,6 +105,7 @@ def test_signal_stops_every_process_and_prints_the_summary(
         assert f"stopped by {sig.name}" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_submitted_runs_directory_is_left_alone(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

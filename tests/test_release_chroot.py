@@ -288,6 +288,7 @@ def test_run_in_a_chroot_sees_its_release_the_checkout_and_the_callers_env(tmp_p
     assert _mount_targets() == before  # nothing of a run is ever mounted on the host
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_concurrent_runs_and_a_timeout_leave_no_mount_and_no_process(tmp_path: Path) -> None:
     version = _other_release()

@@ -48,6 +48,7 @@ def events(run_dir: Path, replica: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("ranks", "microbatches"), [(2, 1), (1, 1), (2, 2)])
 def test_equivalent_to_plain_hsdp(tmp_path: Path, ranks: int, microbatches: int) -> None:
@@ -83,6 +84,7 @@ def test_equivalent_to_plain_hsdp(tmp_path: Path, ranks: int, microbatches: int)
         assert sync[0]["reason"] == "init" and sync[0]["committed"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_kill9_one_replica_mid_run(tmp_path: Path) -> None:
     """kill -9 a replica: the healthy one keeps committing, the restarted one heals mid-run."""
@@ -128,6 +130,7 @@ def test_kill9_one_replica_mid_run(tmp_path: Path) -> None:
     assert 1 in next(r.contributors for r in recs if r.step == commits[0]["step"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_commit_vote_no_in_one_rank(tmp_path: Path) -> None:
     """Rank 1 of replica 1 votes "no" after backward at step 4: that replica does not step,
@@ -189,6 +192,7 @@ def test_chaos_random_kills_three_replicas(tmp_path: Path) -> None:
     assert summary.max_healthy_stall_s < 2 * (5.0 + 2.0) + 3.0, (summary.stalls_s, summary.failures)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_durable_restart_from_checkpoint(tmp_path: Path) -> None:
     """All replicas gone: a new run with --resume restarts from the durable checkpoint, ledger
@@ -235,6 +239,7 @@ def test_cli_durable_restart_from_checkpoint(tmp_path: Path) -> None:
     assert min(r.cursor for r in recs) == end_cursor > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_worker_exit_codes(tmp_path: Path) -> None:
     """Bad environment: exit 2 naming the variable. No quorum service: exit 3 after join."""
