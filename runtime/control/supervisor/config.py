@@ -13,12 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm import hostlist
+from slurm import contract, hostlist
 from slurm.errors import InputError
 
+#: Seconds to wait for the control plane before a launch (the scripts leave it unset: 300).
 CONTROL_WAIT_ENV = "FTHSDP_CONTROL_WAIT_S"
-#: Seconds without progress after which a foreign trainer's step is hung (render sets it; 0: off).
-PROGRESS_TIMEOUT_ENV = "FTHSDP_PROGRESS_TIMEOUT_S"
 
 
 @dataclass
@@ -52,22 +51,27 @@ class SupervisorConfig:
     @classmethod
     def from_env(cls, run_dir: Path, replica: int, command: list[str]) -> SupervisorConfig:
         env = os.environ
-        nodelist = env.get("SLURM_JOB_NODELIST_HET_GROUP_0") or env.get("SLURM_JOB_NODELIST", "")
+        nodelist = env.get(contract.SLURM_JOB_NODELIST_HET_GROUP_0) or env.get(
+            contract.SLURM_JOB_NODELIST, ""
+        )
         control_wait_s = _seconds(env, CONTROL_WAIT_ENV, "300", "seconds >= 0")
-        progress_timeout_s = _seconds(env, PROGRESS_TIMEOUT_ENV, "0", "seconds >= 0 (0: off)")
+        # Seconds without progress after which a foreign trainer's step is hung (0: off).
+        progress_timeout_s = _seconds(
+            env, contract.PROGRESS_TIMEOUT_S, "0", "seconds >= 0 (0: off)"
+        )
         return cls(
             run_dir=run_dir,
             replica=replica,
             command=command,
-            job_id=env.get("SLURM_JOB_ID"),
-            restarts=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-            nodes=hostlist.expand(nodelist, "SLURM_JOB_NODELIST") if nodelist else [],
+            job_id=env.get(contract.SLURM_JOB_ID),
+            restarts=int(env.get(contract.SLURM_RESTART_COUNT, "0") or 0),
+            nodes=hostlist.expand(nodelist, contract.SLURM_JOB_NODELIST) if nodelist else [],
             control_wait_s=control_wait_s,
-            mode=env.get("FTHSDP_TRAIN_MODE") or "fthsdp",
-            progress_regex=env.get("FTHSDP_PROGRESS_REGEX") or None,
-            progress_file=env.get("FTHSDP_PROGRESS_FILE") or None,
+            mode=env.get(contract.TRAIN_MODE) or "fthsdp",
+            progress_regex=env.get(contract.PROGRESS_REGEX) or None,
+            progress_file=env.get(contract.PROGRESS_FILE) or None,
             progress_timeout_s=progress_timeout_s,
-            health_checks=tuple(c for c in env.get("FTHSDP_HEALTH_CHECKS", "").split(",") if c),
+            health_checks=tuple(c for c in env.get(contract.HEALTH_CHECKS, "").split(",") if c),
         )
 
 

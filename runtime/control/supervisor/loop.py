@@ -27,6 +27,7 @@ from runtime.control.supervisor.coordinator_link import CoordinatorLink, FailedS
 from runtime.control.supervisor.exits import EXIT_FOR_REQUEUE, EXIT_NO_CONTROL_PLANE
 from runtime.control.supervisor.torchft_mode import ForeignSteps
 from runtime.protocol import ExitCode
+from slurm import contract
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 
 log = logging.getLogger("fthsdp.supervisor")
@@ -70,10 +71,12 @@ class Supervisor:
         c = self.config
         env = dict(os.environ)
         env.update(
-            FTHSDP_REPLICA=str(c.replica),
-            FTHSDP_RUN_DIR=str(c.run_dir),
-            FTHSDP_LAUNCH=str(self.launch),
-            FTHSDP_INCARNATION=self.incarnation(),
+            {
+                contract.REPLICA: str(c.replica),
+                contract.RUN_DIR: str(c.run_dir),
+                contract.LAUNCH: str(self.launch),
+                contract.INCARNATION: self.incarnation(),
+            }
         )
         if c.mode == "torchft":
             return self.foreign.run(env, self.launch, self.incarnation(), self._started)
