@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
+from slurm import contract
 from slurm.devcluster import DevClusterConfig
 
 HARDWARE_DIR = "hardware"
@@ -44,8 +45,8 @@ def job_health_env(cfg: DevClusterConfig) -> dict[str, str]:
     """
     hw = hardware_dir(cfg)
     return {
-        "FTHSDP_HEALTH_CONFIG": str(health_config_path(cfg)),
-        "FTHSDP_SLOW_FILE": f"{hw}/{{node}}/slow",
+        contract.HEALTH_CONFIG: str(health_config_path(cfg)),
+        contract.SLOW_FILE: f"{hw}/{{node}}/slow",
     }
 
 

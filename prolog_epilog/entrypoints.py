@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm import contract
+
 MODES = ("prolog", "epilog", "healthcheck", "check")
 log = logging.getLogger("fthsdp.health")
 
@@ -78,7 +80,7 @@ def write_json_line(path: str | None, record: dict[str, Any]) -> None:
 
 def _parser(mode: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"fthsdp-{mode}", description=f"fthsdp {mode} health checks")
-    p.add_argument("--config", default=os.environ.get("FTHSDP_HEALTH_CONFIG"), help="TOML config")
+    p.add_argument("--config", default=os.environ.get(contract.HEALTH_CONFIG), help="TOML config")
     p.add_argument("--node", default=None, help="Slurm node name (default $SLURMD_NODENAME)")
     p.add_argument("--only", default=None, help="comma list of checks instead of the suite")
     p.add_argument("--gpu-source", default="auto", choices=["auto", "nvml", "nvidia-smi"])
@@ -190,8 +192,8 @@ def _run(
     # What a job asks for (its comment; FTHSDP_HEALTH_CHECKS if the hook's environment carries
     # one) runs only from the operator's allow-list, and only its faults count against the node.
     asked: list[str] = []
-    if env.get("FTHSDP_HEALTH_CHECKS"):
-        asked += env["FTHSDP_HEALTH_CHECKS"].split(",")
+    if env.get(contract.HEALTH_CHECKS):
+        asked += env[contract.HEALTH_CHECKS].split(",")
     job_id = env.get("SLURM_JOB_ID", "")
     if mode == "prolog" and cfg.actions["job_comment_checks"] and job_id and not only:
         asked += actions.job_requested_checks(actions.job_comment(job_id, backend))

@@ -68,8 +68,12 @@ from runtime.worker.control_wait import ControlRestartWait, wait_for_lighthouse
 from runtime.worker.errors import FatalWorkerError
 from runtime.worker.manager import build_manager
 from runtime.worker.step import StepProtocol
+from slurm import contract
 
 __all__ = ["FTHSDP", "FTOptimizer"]
+
+#: The worker's log level (a knob for debugging a worker by hand; the scripts leave it unset).
+LOG_LEVEL_ENV = "FTHSDP_LOG_LEVEL"
 
 
 class FTHSDP:
@@ -107,10 +111,10 @@ class FTHSDP:
         env = self.env = replace(env, master_addr=addr, master_port=port)
         os.environ.update(
             {
-                "MASTER_ADDR": env.master_addr,
-                "MASTER_PORT": str(env.master_port),
-                "RANK": str(env.rank),
-                "WORLD_SIZE": str(env.world_size),
+                contract.MASTER_ADDR: env.master_addr,
+                contract.MASTER_PORT: str(env.master_port),
+                contract.RANK: str(env.rank),
+                contract.WORLD_SIZE: str(env.world_size),
             }
         )
         lighthouse = wait_for_lighthouse(env, env.timeouts.join_s)
@@ -133,7 +137,7 @@ class FTHSDP:
     def from_env(cls, **kwargs: Any) -> FTHSDP:
         """Build from the environment; a bad variable exits 2 naming it, no quorum service 3."""
         logging.basicConfig(
-            level=os.environ.get("FTHSDP_LOG_LEVEL", "WARNING"),
+            level=os.environ.get(LOG_LEVEL_ENV, "WARNING"),
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
         try:
@@ -362,7 +366,7 @@ class FTHSDP:
 
     def _node_name(self) -> str:
         """The Slurm node this rank runs on (dev nodes share one host, so not the hostname)."""
-        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        return os.environ.get(contract.SLURMD_NODENAME) or socket.gethostname()
 
     def finish(self) -> None:
         """Write this rank's final local shards, stop the side services, shut torchft down."""

@@ -31,8 +31,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurm import contract
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_tiny.py"
 BATCH = 8
+#: Seconds each baseline step sleeps, as in `examples/train_tiny.py` (the benchmarks set it).
+STEP_SLEEP_ENV = "TINY_STEP_SLEEP_S"
 
 
 def load_example() -> dict[str, Any]:
@@ -95,9 +99,9 @@ def plain_worker() -> None:
     from torch.distributed.fsdp import fully_shard
 
     ex = load_example()
-    replicas = int(os.environ["FTHSDP_NUM_REPLICAS"])
-    steps = int(os.environ["FTHSDP_STEPS"])
-    run_dir = Path(os.environ["FTHSDP_RUN_DIR"])
+    replicas = int(os.environ[contract.NUM_REPLICAS])
+    steps = int(os.environ[contract.STEPS])
+    run_dir = Path(os.environ[contract.RUN_DIR])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = world // replicas
@@ -112,8 +116,8 @@ def plain_worker() -> None:
     data = ex["SyntheticRegression"]()
     rb = BATCH * shard
     times = []
-    every = int(os.environ.get("FTHSDP_CHECKPOINT_EVERY_STEPS", "0"))
-    sleep_s = float(os.environ.get("TINY_STEP_SLEEP_S", "0"))
+    every = int(os.environ.get(contract.CHECKPOINT_EVERY_STEPS, "0"))
+    sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0"))
     first = _restore(run_dir, model, opt) if every else 0
     progress = None
     if rank == 0:
@@ -146,10 +150,10 @@ def ddp_worker() -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
     ex = load_example()
-    replica = int(os.environ["FTHSDP_REPLICA_ID"])
-    replicas = int(os.environ["FTHSDP_NUM_REPLICAS"])
-    steps = int(os.environ["FTHSDP_STEPS"])
-    run_dir = Path(os.environ["FTHSDP_RUN_DIR"])
+    replica = int(os.environ[contract.REPLICA_ID])
+    replicas = int(os.environ[contract.NUM_REPLICAS])
+    steps = int(os.environ[contract.STEPS])
+    run_dir = Path(os.environ[contract.RUN_DIR])
     model = ex["make_model"]()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
@@ -162,8 +166,8 @@ def ddp_worker() -> None:
 
     # the Manager connects to the replica's store as a client; one process per replica hosts it
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
+        os.environ[contract.MASTER_ADDR],
+        int(os.environ[contract.MASTER_PORT]),
         is_master=True,
         wait_for_workers=False,
     )
@@ -175,7 +179,7 @@ def ddp_worker() -> None:
         timeout=timedelta(seconds=5),
         quorum_timeout=timedelta(seconds=30),
         replica_id=f"ddp_r{replica}",
-        lighthouse_addr=os.environ["FTHSDP_LIGHTHOUSE"],
+        lighthouse_addr=os.environ[contract.LIGHTHOUSE],
         init_sync=False,
     )
     ddp = DistributedDataParallel(manager, model)
@@ -213,9 +217,9 @@ def start(
     run_dir.mkdir(parents=True, exist_ok=True)
     base = {
         **os.environ,
-        "FTHSDP_RUN_DIR": str(run_dir),
-        "FTHSDP_NUM_REPLICAS": str(replicas),
-        "FTHSDP_STEPS": str(steps),
+        contract.RUN_DIR: str(run_dir),
+        contract.NUM_REPLICAS: str(replicas),
+        contract.STEPS: str(steps),
         "OMP_NUM_THREADS": "1",
         "RUST_LOG": "warn",
         **(extra_env or {}),

@@ -33,8 +33,6 @@ log = logging.getLogger("fthsdp.foreign")
 
 #: `srun --label`'s prefix: the task id, a colon and a space.
 TASK_LABEL = re.compile(r"^\s*(\d+): ")
-#: The variable the supervisor marks each launch's processes with (also the native contract).
-INCARNATION_VAR = "FTHSDP_INCARNATION"
 
 
 def progress_path(template: str, run_dir: Path, replica: int) -> Path:
@@ -165,7 +163,7 @@ def marked_processes(var: str, value: str, proc: Path = Path("/proc")) -> list[i
 def stop_leftovers(incarnation: str) -> list[int]:
     """SIGKILL every process of this user on this host still carrying `incarnation`; returns
     their pids (empty when the step left nothing behind)."""
-    pids = marked_processes(INCARNATION_VAR, incarnation)
+    pids = marked_processes(contract.INCARNATION, incarnation)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

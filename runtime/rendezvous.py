@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from runtime.env import WorkerEnv
+from slurm import contract
 
 PORT_LOW = 20000
 PORT_SPAN = 40000
@@ -45,9 +46,9 @@ class RendezvousError(RuntimeError):
 
 def incarnation_key(env: dict[str, str] | os._Environ[str], job_id: str | None) -> str:
     """What makes this launch of the replica's step unique (the supervisor sets it)."""
-    if env.get("FTHSDP_INCARNATION"):
-        return str(env["FTHSDP_INCARNATION"])
-    return f"{job_id or '0'}.{env.get('SLURM_STEP_ID', '0')}"
+    if env.get(contract.INCARNATION):
+        return str(env[contract.INCARNATION])
+    return f"{job_id or '0'}.{env.get(contract.SLURM_STEP_ID, '0')}"
 
 
 def candidate_ports(key: str, count: int = CANDIDATES) -> Iterator[int]:

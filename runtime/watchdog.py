@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm import contract
+
 log = logging.getLogger("fthsdp.watchdog")
 DEFAULT_INTERVAL_S = 5.0
 CHEAP_CHECKS = ("xid", "gpu-count", "ecc")
@@ -30,13 +32,13 @@ CHEAP_CHECKS = ("xid", "gpu-count", "ecc")
 def check_options(env: Mapping[str, str]) -> dict[str, Any]:
     """`run_checks` keyword arguments from the environment (only those that are set)."""
     out: dict[str, Any] = {}
-    if env.get("FTHSDP_HEALTH_CONFIG"):
+    if env.get(contract.HEALTH_CONFIG):
         from prolog_epilog import load_config
 
-        out["config"] = load_config(env["FTHSDP_HEALTH_CONFIG"], env.get("SLURMD_NODENAME"))
-    if env.get("FTHSDP_GPU_SOURCE"):
-        out["gpu_source"] = env["FTHSDP_GPU_SOURCE"]
-    for key, var in (("sysfs_root", "FTHSDP_SYSFS_ROOT"), ("kernel_log", "FTHSDP_KERNEL_LOG")):
+        out["config"] = load_config(env[contract.HEALTH_CONFIG], env.get(contract.SLURMD_NODENAME))
+    if env.get(contract.GPU_SOURCE):
+        out["gpu_source"] = env[contract.GPU_SOURCE]
+    for key, var in (("sysfs_root", contract.SYSFS_ROOT), ("kernel_log", contract.KERNEL_LOG)):
         if env.get(var):
             out[key] = Path(env[var])
     return out
@@ -67,7 +69,7 @@ class NodeWatchdog:
     ) -> None:
         self.checks = [c for c in checks if c in CHEAP_CHECKS]
         self.on_fault = on_fault
-        self.interval_s = float(os.environ.get("FTHSDP_WATCHDOG_INTERVAL_S", interval_s))
+        self.interval_s = float(os.environ.get(contract.WATCHDOG_INTERVAL_S, interval_s))
         self._run_checks = run_checks
         self.options = dict(options) if options is not None else check_options(os.environ)
         self.verdict: tuple[str, list[str]] | None = None

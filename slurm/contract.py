@@ -1,8 +1,9 @@
 """The launch contract: the variables a run's scripts export and the runtime reads.
 
 `slurm.render` writes these names into every sbatch script (`export NAME=value`), and the
-runtime reads them back in the worker (`runtime.env.parse_env`), the replica supervisor and the
-foreign-trainer step. Spelling each name once, here, on the Slurm side (which imports nothing of
+runtime reads them back in the worker (`runtime.env.parse_env`), the replica supervisor, the
+foreign-trainer step, the node watchdog and the baselines; `fthsdp run --local` sets the same
+names for its workers. Spelling each name once, here, on the Slurm side (which imports nothing of
 the runtime), keeps the two sides from drifting apart. The values that both sides derive from
 the spec live here for the same reason: a foreign trainer's dump folder (`dump_dir`) and
 torchft's timeout variables (`torchft_timeouts`). Pure, no torch.
@@ -49,17 +50,35 @@ TORCHFT_TIMEOUT_SEC = "TORCHFT_TIMEOUT_SEC"
 TORCHFT_QUORUM_TIMEOUT_SEC = "TORCHFT_QUORUM_TIMEOUT_SEC"
 TORCHFT_CONNECT_TIMEOUT_SEC = "TORCHFT_CONNECT_TIMEOUT_SEC"
 
-# -- what the replica supervisor adds per launch of a foreign trainer (`runtime.foreign`) --------
-#: Also TORCHFT_LIGHTHOUSE, MASTER_ADDR and MASTER_PORT.
+# -- what the replica supervisor (or `fthsdp run --local`) adds per launch of a step ------------
+REPLICA = "FTHSDP_REPLICA"
+LAUNCH = "FTHSDP_LAUNCH"
+#: The launch's incarnation (`job.restarts.launch`); it also marks the step's processes.
+INCARNATION = "FTHSDP_INCARNATION"
+#: Of a foreign trainer (`runtime.foreign`); also TORCHFT_LIGHTHOUSE, MASTER_ADDR and MASTER_PORT.
 RDZV_ENDPOINT = "FTHSDP_RDZV_ENDPOINT"
 
-# -- what Slurm (srun) or torchrun sets, and the worker reads -----------------------------------
+# -- where a task finds its node's inputs: the watchdog's and the slow fault's (a spec's ---------
+# -- `[job].env`, a dev cluster's TaskProlog, or the local launcher set them) -------------------
+HEALTH_CONFIG = "FTHSDP_HEALTH_CONFIG"
+GPU_SOURCE = "FTHSDP_GPU_SOURCE"
+SYSFS_ROOT = "FTHSDP_SYSFS_ROOT"
+KERNEL_LOG = "FTHSDP_KERNEL_LOG"
+WATCHDOG_INTERVAL_S = "FTHSDP_WATCHDOG_INTERVAL_S"
+SLOW_FILE = "FTHSDP_SLOW_FILE"
+
+# -- what Slurm (sbatch, srun) or torchrun sets, and the runtime reads ----------------------------
 SLURM_JOB_ID = "SLURM_JOB_ID"
 SLURM_PROCID = "SLURM_PROCID"
 SLURM_NTASKS = "SLURM_NTASKS"
 SLURM_LOCALID = "SLURM_LOCALID"
 SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
 SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+#: A heterogeneous job's first component's nodes (the replica's own, before any spare's).
+SLURM_JOB_NODELIST_HET_GROUP_0 = "SLURM_JOB_NODELIST_HET_GROUP_0"
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURMD_NODENAME = "SLURMD_NODENAME"
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from fthsdp_cli.main import cli
 from runtime.control.inject import heal, inject, node_faults
-from runtime.control.straggler.steptiming import SLOW_FILE_ENV, SlowFault
+from runtime.control.straggler.steptiming import SlowFault
+from slurm.contract import SLOW_FILE as SLOW_FILE_ENV
 from slurm.errors import InputError
 
 

@@ -9,12 +9,12 @@ import pytest
 
 from runtime.control.straggler.steptiming import (
     SLOW_FACTOR_ENV,
-    SLOW_FILE_ENV,
     SlowFault,
     StepTimer,
     parse_factor,
     rank_timing_every,
 )
+from slurm.contract import SLOW_FILE as SLOW_FILE_ENV
 
 
 def test_compute_excludes_waiting() -> None:

@@ -17,6 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from slurm import contract
+
 _STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "error": "magenta", "fail": "bold red"}
 
 _gpu_source_option = click.option(
@@ -34,7 +36,7 @@ _gpu_source_option = click.option(
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    envvar="FTHSDP_HEALTH_CONFIG",
+    envvar=contract.HEALTH_CONFIG,
     help="Health-check TOML config (defaults built in).",
 )
 @click.option("--only", default=None, help="Comma list of checks to run instead of the suite.")
@@ -74,10 +76,10 @@ def check(
         raise InputError("--only", exc.value, exc.allowed) from None
     if names == []:  # "--only ''" would check nothing and call the node healthy
         raise InputError("--only", only, f"at least one of: {', '.join(CHECK_NAMES)}")
-    if names is None and os.environ.get("FTHSDP_HEALTH_CHECKS"):
+    if names is None and os.environ.get(contract.HEALTH_CHECKS):
         names = cfg.default_checks + [
             c
-            for c in parse_check_list(os.environ["FTHSDP_HEALTH_CHECKS"]) or []
+            for c in parse_check_list(os.environ[contract.HEALTH_CHECKS]) or []
             if c not in cfg.default_checks
         ]
     result = run_checks(
@@ -110,7 +112,7 @@ def _entry(mode: str) -> click.Command:
         "--config",
         "config_path",
         default=None,
-        envvar="FTHSDP_HEALTH_CONFIG",
+        envvar=contract.HEALTH_CONFIG,
         help="Health-check TOML config (env FTHSDP_HEALTH_CONFIG; defaults built in).",
     )
     @click.option(

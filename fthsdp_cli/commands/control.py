@@ -1,8 +1,8 @@
 """`fthsdp control` (the control-plane job) and `fthsdp replica` (a replica job's supervisor).
 
 Both are thin: they parse options and call `runtime.control.service.serve` and
-`runtime.control.supervisor.Supervisor`. Neither imports torch: the Lighthouse runs as torchft's
-`torchft_lighthouse` binary in a child process.
+`runtime.control.supervisor.loop.Supervisor`. Neither imports torch: the Lighthouse runs as
+torchft's `torchft_lighthouse` binary in a child process.
 """
 
 from __future__ import annotations
@@ -308,7 +308,8 @@ def replica(
     When the step fails, the supervisor reports it and asks the coordinator whether to relaunch it
     here, exit so the job is requeued, or exit for good.
     """
-    from runtime.control.supervisor import Supervisor, SupervisorConfig
+    from runtime.control.supervisor.config import SupervisorConfig
+    from runtime.control.supervisor.loop import Supervisor
     from slurm.errors import InputError
     from slurm.rundir import read_control
 

@@ -33,6 +33,7 @@ from runtime.control.journal.schema import StoredAction
 from runtime.control.journal.store import Journal
 from runtime.control.journal.writer import GroupWriter, transient
 from runtime.control.policy import (
+    FINISHED_PHASES,
     SLURM_ACTIONS,
     CoordinatorStarted,
     Event,
@@ -57,10 +58,6 @@ from slurm.rundir import TERMINAL_STATES
 log = logging.getLogger("fthsdp.coordinator")
 
 
-#: Policy phases of a replica that will not train again in this run.
-_FINISHED_PHASES = ("done", "out", "ended")
-
-
 def run_over(
     replicas: Iterable[ReplicaState], job_states: Mapping[str, str | None], open_actions: int
 ) -> str | None:
@@ -76,7 +73,7 @@ def run_over(
     how: dict[str, int] = {}
     for r in replicas:
         state = job_states.get(r.job_id, "") if r.job_id else ""
-        if r.phase in _FINISHED_PHASES:
+        if r.phase in FINISHED_PHASES:
             what = {"done": "completed", "out": "left out"}.get(r.phase, (state or "ended").lower())
         elif r.job_id and r.job_id in job_states and state is None:
             what = "gone"

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.foreign import INCARNATION_VAR, FileProgress, LineProgress, stop_leftovers
+from runtime.foreign import FileProgress, LineProgress, stop_leftovers
+from slurm import contract
 
 log = logging.getLogger("fthsdp.foreign")
 
@@ -78,7 +79,7 @@ class ForeignStep:
     ) -> None:
         self.launch = launch
         self.report = report
-        self.incarnation = launch.env[INCARNATION_VAR]
+        self.incarnation = launch.env[contract.INCARNATION]
         self.lines = LineProgress(launch.progress_regex) if launch.progress_regex else None
         self.file = FileProgress(launch.progress_file) if launch.progress_file else None
         self.child: subprocess.Popen[bytes] | None = None

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from prolog_epilog.simulated_hardware import FAULTS as HARDWARE_FAULTS
 from prolog_epilog.simulated_hardware import write_node_inputs
+from slurm import contract
 from slurm.errors import InputError
 
 FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill", "slow")
@@ -158,9 +159,9 @@ def is_replica_task(env: dict[str, str], comm: str, node: str, slurm_conf: Path)
     conf = env.get("SLURM_CONF")
     if not conf or os.path.realpath(conf) != os.path.realpath(slurm_conf):
         return False
-    if env.get("SLURMD_NODENAME") != node or "FTHSDP_LAUNCH" not in env:
+    if env.get(contract.SLURMD_NODENAME) != node or contract.LAUNCH not in env:
         return False
-    return "SLURM_PROCID" in env and comm not in ("srun", "slurmstepd")
+    return contract.SLURM_PROCID in env and comm not in ("srun", "slurmstepd")
 
 
 def replica_processes(node: str, slurm_conf: Path) -> Iterator[int]:

@@ -37,6 +37,8 @@ from slurm.backend import DRAIN_PREFIX, REASON_MAX, drain_reason
 Phase = Literal[
     "pending", "starting", "training", "healing", "restarting", "requeued", "out", "done", "ended"
 ]
+#: Phases of a replica that will not train again in this run.
+FINISHED_PHASES: tuple[Phase, ...] = ("done", "out", "ended")
 DirectiveKind = Literal["continue", "relaunch", "requeue", "exit"]
 FaultKind = Literal["process", "node", "user"]
 

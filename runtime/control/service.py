@@ -45,6 +45,7 @@ from urllib.parse import urlparse
 from runtime.control.http import RunningCoordinator, start_coordinator
 from runtime.control.settings import CoordinatorConfig
 from runtime.net import free_port
+from slurm import contract
 from slurm.errors import EnvironmentProblem
 from slurm.rundir import RunFileError, read_control, write_control_file
 
@@ -335,7 +336,7 @@ async def serve(
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started_at": time.time(),
-            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "job_id": os.environ.get(contract.SLURM_JOB_ID),
         }
         write_control_file(coordinator.run_dir, info)
         log.info("control plane up: %s", info)

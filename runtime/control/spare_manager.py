@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from runtime.control.executor import SlurmExecutor
 from runtime.control.journal.schema import StoredAction
-from runtime.control.policy import Event, JobObserved, Release, Requeue, RunState
+from runtime.control.policy import FINISHED_PHASES, Event, JobObserved, Release, Requeue, RunState
 from runtime.control.spare_slots import (
     HISTORY,
     SlotView,
@@ -261,7 +261,7 @@ async def on_poll(coord: PoolHost, every: int = 3) -> None:
     spares._polls += 1
     if spares._polls % every:
         return
-    if all(r.phase in ("done", "out", "ended") for r in coord.state.replicas.values()):
+    if all(r.phase in FINISHED_PHASES for r in coord.state.replicas.values()):
         return  # the run is over: no refills for a pool nobody will use
     loop = asyncio.get_running_loop()
     try:

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurm import contract
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.records import lead_record
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("agent", help="run in a spare slot job: wait for a replica to host")
     a.add_argument("--run-dir", type=Path, required=True)
     args = parser.parse_args(argv)
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = os.environ.get(contract.SLURM_JOB_ID, "")
     if not SLOT_JOB_ID.fullmatch(job_id):
         print("fthsdp spare: SLURM_JOB_ID is not set: run this inside a slot job", file=sys.stderr)
         return 2

@@ -28,7 +28,6 @@ from typing import Any
 from runtime.control.foreign_step import ForeignLaunch, ForeignStep
 from runtime.control.service import Lighthouse, LighthouseConfig
 from runtime.foreign import (
-    INCARNATION_VAR,
     GroupEndpoints,
     launch_env,
     marked_processes,
@@ -36,6 +35,7 @@ from runtime.foreign import (
     stop_leftovers,
 )
 from runtime.net import free_port
+from slurm import contract
 from slurm.contract import dump_dir, torchft_timeouts
 
 
@@ -107,28 +107,30 @@ class ForeignLocalRun:
         env = dict(os.environ)
         env.update(c.env)
         env.update(
-            FTHSDP_TRAIN_MODE="torchft",
-            FTHSDP_RUN_DIR=str(c.run_dir),
-            FTHSDP_REPLICA_ID=str(g.replica),
-            FTHSDP_REPLICA=str(g.replica),
-            FTHSDP_NUM_REPLICAS=str(c.groups),
-            FTHSDP_NUM_REPLICA_GROUPS=str(c.groups),
-            FTHSDP_DUMP_DIR=str(dump_dir(c.run_dir, g.replica)),
-            FTHSDP_LAUNCH=str(g.launch),
-            REPLICA_GROUP_ID=str(g.replica),
-            NUM_REPLICA_GROUPS=str(c.groups),
-            RANK=str(task),
-            LOCAL_RANK=str(task),
-            WORLD_SIZE=str(c.tasks),
-            SLURM_PROCID=str(task),
-            SLURM_NTASKS=str(c.tasks),
-            OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-            RUST_LOG=env.get("RUST_LOG", "warn"),
-            **{INCARNATION_VAR: f"{self._tag}.r{g.replica}.{g.launch}"},
+            {
+                contract.TRAIN_MODE: "torchft",
+                contract.RUN_DIR: str(c.run_dir),
+                contract.REPLICA_ID: str(g.replica),
+                contract.REPLICA: str(g.replica),
+                contract.NUM_REPLICAS: str(c.groups),
+                contract.NUM_REPLICA_GROUPS: str(c.groups),
+                contract.DUMP_DIR: str(dump_dir(c.run_dir, g.replica)),
+                contract.LAUNCH: str(g.launch),
+                contract.TORCHFT_REPLICA_GROUP_ID: str(g.replica),
+                contract.TORCHFT_NUM_REPLICA_GROUPS: str(c.groups),
+                contract.RANK: str(task),
+                contract.LOCAL_RANK: str(task),
+                contract.WORLD_SIZE: str(c.tasks),
+                contract.SLURM_PROCID: str(task),
+                contract.SLURM_NTASKS: str(c.tasks),
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                "RUST_LOG": env.get("RUST_LOG", "warn"),
+                contract.INCARNATION: f"{self._tag}.r{g.replica}.{g.launch}",
+            }
         )
         env.update(torchft_timeouts(c.allreduce_s, c.quorum_s, c.join_s))
         env.update(launch_env(GroupEndpoints(self.lighthouse.url, "127.0.0.1", port)))
-        env.pop("FTHSDP_CONTROL_FILE", None)  # this process is the control plane
+        env.pop(contract.CONTROL_FILE, None)  # this process is the control plane
         return env
 
     def _launch(self, g: _Group) -> None:
@@ -201,7 +203,7 @@ class ForeignLocalRun:
                 and (step or 0) >= c.kill_at_step
             ):
                 g.killed = True
-                for pid in marked_processes(INCARNATION_VAR, g.step.incarnation):
+                for pid in marked_processes(contract.INCARNATION, g.step.incarnation):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)  # every task, no warning
             code = self._finish(g)

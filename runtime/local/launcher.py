@@ -35,6 +35,7 @@ from runtime.local.faults import Failure, FaultInjector
 from runtime.local.replicas import LocalReplica
 from runtime.local.summary import RunSummary, summarize
 from runtime.net import free_port
+from slurm import contract
 
 
 class StoppedBySignal(Exception):
@@ -100,30 +101,30 @@ class LocalLauncher:
         env = dict(os.environ)
         env.update(
             {
-                "FTHSDP_RUN_DIR": str(cfg.run_dir),
-                "FTHSDP_REPLICA_ID": str(replica),
-                "FTHSDP_NUM_REPLICAS": str(cfg.replicas),
-                "FTHSDP_LIGHTHOUSE": self.lighthouse_addr,
-                "FTHSDP_JOB_NAME": cfg.job_name,
-                "FTHSDP_MIN_REPLICAS": str(cfg.min_replicas),
-                "FTHSDP_HEARTBEAT_TIMEOUT_S": str(cfg.timeouts.heartbeat_s),
-                "FTHSDP_ALLREDUCE_TIMEOUT_S": str(cfg.timeouts.allreduce_s),
-                "FTHSDP_QUORUM_TIMEOUT_S": str(cfg.timeouts.quorum_s),
-                "FTHSDP_JOIN_TIMEOUT_S": str(cfg.timeouts.join_s),
-                "FTHSDP_CHECKPOINT_EVERY_STEPS": str(cfg.checkpoint_every_steps),
-                "FTHSDP_CHECKPOINT_EVERY_S": str(cfg.checkpoint_every_s),
-                "FTHSDP_STEPS": str(cfg.steps),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(cfg.ranks_per_replica),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
+                contract.RUN_DIR: str(cfg.run_dir),
+                contract.REPLICA_ID: str(replica),
+                contract.NUM_REPLICAS: str(cfg.replicas),
+                contract.LIGHTHOUSE: self.lighthouse_addr,
+                contract.JOB_NAME: cfg.job_name,
+                contract.MIN_REPLICAS: str(cfg.min_replicas),
+                contract.HEARTBEAT_TIMEOUT_S: str(cfg.timeouts.heartbeat_s),
+                contract.ALLREDUCE_TIMEOUT_S: str(cfg.timeouts.allreduce_s),
+                contract.QUORUM_TIMEOUT_S: str(cfg.timeouts.quorum_s),
+                contract.JOIN_TIMEOUT_S: str(cfg.timeouts.join_s),
+                contract.CHECKPOINT_EVERY_STEPS: str(cfg.checkpoint_every_steps),
+                contract.CHECKPOINT_EVERY_S: str(cfg.checkpoint_every_s),
+                contract.STEPS: str(cfg.steps),
+                contract.RANK: str(rank),
+                contract.WORLD_SIZE: str(cfg.ranks_per_replica),
+                contract.LOCAL_RANK: str(rank),
+                contract.MASTER_ADDR: "127.0.0.1",
+                contract.MASTER_PORT: str(port),
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
                 "RUST_LOG": env.get("RUST_LOG", "warn"),
             }
         )
         # This launcher is the control plane: never a control.json (a submit's may be stale).
-        env.pop("FTHSDP_CONTROL_FILE", None)
+        env.pop(contract.CONTROL_FILE, None)
         env.update(cfg.extra_env)
         return env
 
@@ -135,7 +136,7 @@ class LocalLauncher:
             out = open(logs / f"r{rs.replica}_w{rank}_i{rs.incarnation}.log", "wb")  # noqa: SIM115
             env = self._env(rs.replica, rank, port)
             if rs.replica == self.cfg.slow_replica and rs.incarnation == 0:
-                env["FTHSDP_SLOW_FILE"] = str(self._slow_file(rs))
+                env[contract.SLOW_FILE] = str(self._slow_file(rs))
             rs.procs.append(
                 subprocess.Popen(
                     resolve_command(self.cfg.command),

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from runtime.control.policy import Action, Requeue, RunState, StragglerEviction
+from runtime.control.policy import FINISHED_PHASES, Action, Requeue, RunState, StragglerEviction
 from runtime.control.straggler.detect import StragglerConfig, TimingSample, describe, stragglers
 from runtime.control.straggler.evict import EvictionConfig, StragglerDecision
 from runtime.control.straggler.monitor import StragglerMonitor
@@ -26,8 +26,6 @@ _IN_FLIGHT = ("requeued", "pending", "starting", "restarting")
 #: Phases in which a replica is recovering (or not yet up): other replicas' samples are no
 #: evidence and no eviction is decided meanwhile.
 _RECOVERING = ("pending", "starting", "restarting", "requeued", "healing")
-#: Phases of a replica that will not train again (nothing to wait for).
-_FINISHED = ("done", "out", "ended")
 
 
 def recovering_replicas(
@@ -38,7 +36,7 @@ def recovering_replicas(
     handled, or training again for less than `hold_s`."""
     out = []
     for k, phase, since, handled in phases:
-        if k == replica or phase in _FINISHED:
+        if k == replica or phase in FINISHED_PHASES:
             continue  # finished or left out: nothing to wait for
         warming = phase == "training" and 0 <= at - since < hold_s
         if phase in _RECOVERING or handled or warming:
@@ -104,7 +102,7 @@ class StragglerService:
             self._unsettled.discard(k)
             self._warming.pop(k, None)
             r = state.replicas.get(k)
-            if r is None or r.phase in _FINISHED:
+            if r is None or r.phase in FINISHED_PHASES:
                 continue
             if r.phase in _RECOVERING or r.handled is not None:
                 self._unsettled.add(k)

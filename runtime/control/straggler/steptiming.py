@@ -25,8 +25,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from slurm import contract
+
 SLOW_FACTOR_ENV = "FTHSDP_SLOW_FACTOR"
-SLOW_FILE_ENV = "FTHSDP_SLOW_FILE"
 #: Ranks gather their compute times to the leader every this many steps (a tiny collective).
 RANK_TIMING_EVERY_ENV = "FTHSDP_RANK_TIMING_EVERY"
 DEFAULT_RANK_TIMING_EVERY = 10
@@ -82,9 +83,9 @@ class SlowFault:
     def from_env(cls, env: Mapping[str, str]) -> SlowFault:
         factor = parse_factor(env[SLOW_FACTOR_ENV]) if env.get(SLOW_FACTOR_ENV) else 1.0
         path = None
-        if env.get(SLOW_FILE_ENV):
-            node = env.get("SLURMD_NODENAME") or socket.gethostname()
-            path = Path(env[SLOW_FILE_ENV].replace("{node}", node))
+        if env.get(contract.SLOW_FILE):
+            node = env.get(contract.SLURMD_NODENAME) or socket.gethostname()
+            path = Path(env[contract.SLOW_FILE].replace("{node}", node))
         return cls(factor, path)
 
     @property

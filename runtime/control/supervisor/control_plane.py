@@ -1,0 +1,175 @@
+"""Whether a run's control plane is up, and the replica's wait for it before each launch.
+
+Before each launch the supervisor waits for the control plane (`control.json` written by this
+run's control job, its coordinator and Lighthouse accepting connections), with backoff, for up to
+`control_wait_s` (300 s, env `FTHSDP_CONTROL_WAIT_S`): the Lighthouse imports torch and takes
+far longer than its idle 3.4 s on a busy machine. While waiting it asks Slurm about the control
+job now and then; if that job ended, or the wait runs out, the wait ends with one line on stderr
+and the supervisor stops with `EXIT_NO_CONTROL_PLANE`, having counted no failure and requeued
+nothing: a replica that never trained because the control plane was not up has not failed.
+
+The addresses in `control.json` are read tolerantly here (`lighthouse_url`, `coordinator_url`):
+None while the control job has not written the file, or is replacing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+from runtime.control.supervisor.config import SupervisorConfig
+from slurm.backend import SlurmBackend, SlurmCommandError, SlurmOutputError
+from slurm.errors import EnvironmentProblem, InputError
+from slurm.rundir import CONTROL_FILE, RunFileError, read_control
+
+log = logging.getLogger("fthsdp.supervisor")
+
+
+def _answers(address: object) -> bool:
+    """True if `address` (an http URL) accepts a TCP connection now."""
+    if not isinstance(address, str):
+        return False
+    try:
+        found = urllib.parse.urlparse(address)
+        host, port = found.hostname, found.port
+    except ValueError:
+        return False
+    if not host or not port:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+def control_plane_problem(run_dir: Path, control_job: str | None = None) -> str | None:
+    """Why the run's control plane is not usable yet, or None once it is: `control.json`
+    written by the control job `control_job` (when known), its coordinator (and Lighthouse,
+    when it has one) accepting connections."""
+    path = run_dir / CONTROL_FILE
+    try:
+        data = read_control(run_dir)
+    except RunFileError as exc:
+        return f"{path} not readable yet ({exc.allowed})"
+    if data is None:
+        return f"no {path} yet"
+    written_by = data.job_id
+    if control_job and written_by and written_by != control_job:
+        return f"{path} is from control job {written_by}, not this run's {control_job}"
+    if not _answers(data.coordinator):
+        return f"coordinator {data.coordinator} not answering"
+    lighthouse = data.lighthouse
+    if lighthouse is not None and not _answers(lighthouse):
+        return f"Lighthouse {lighthouse} not answering"
+    return None
+
+
+def _control_address(run_dir: Path, key: str) -> str | None:
+    """One address from `control.json`, or None while the control job has not written it."""
+    try:
+        data = read_control(run_dir)
+    except RunFileError:
+        return None
+    value = getattr(data, key) if data is not None else None
+    return value if isinstance(value, str) and value else None
+
+
+def lighthouse_url(run_dir: Path) -> str | None:
+    return _control_address(run_dir, "lighthouse")
+
+
+def coordinator_url(run_dir: Path) -> str | None:
+    return _control_address(run_dir, "coordinator")
+
+
+def control_job_of(run_dir: Path) -> str | None:
+    """The run's control job id from `jobs.json`, or None when it names none."""
+    try:
+        from slurm.rundir import read_run
+
+        record = read_run(run_dir)
+        return record.control.job_id if record.control else None
+    except InputError:
+        return None  # not a submitted run (no jobs.json): nothing to ask Slurm about
+
+
+class ControlPlaneWait:
+    """The wait for the control plane before a launch (module docstring)."""
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        backend: SlurmBackend,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.sleep = sleep
+        self.control_job = control_job_of(config.run_dir)
+
+    def control_job_ended(self) -> str | None:
+        """How the run's control job ended ("FAILED", "gone", ...), or None while it is queued,
+        running, or Slurm cannot tell."""
+        job = self.control_job
+        if not job:
+            return None
+        try:
+            infos = [i for i in self.backend.jobs([job]) if i.base_id == job]
+        except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
+            log.warning("cannot ask Slurm about control job %s: %s", job, exc)
+            return None
+        if not infos:
+            return "gone"
+        from slurm.rundir import TERMINAL_STATES
+
+        state = infos[0].state.upper()
+        return state if state in TERMINAL_STATES else None
+
+    def wait(self) -> bool:
+        """Wait, with backoff, until the control plane is up; False (after one line on stderr)
+        when the control job ended first or `control_wait_s` passed."""
+        c = self.config
+        start = time.monotonic()
+        next_check = start + min(c.control_check_s, 5.0)
+        told = False
+        delay = 0.2
+        while True:
+            why = control_plane_problem(c.run_dir, self.control_job)
+            if why is None:
+                if told:
+                    log.info("control plane up after %.0fs", time.monotonic() - start)
+                return True
+            now = time.monotonic()
+            if not told and now - start >= 5.0:
+                log.info("replica %d waits for the control plane: %s", c.replica, why)
+                told = True
+            if now >= next_check:
+                next_check = now + c.control_check_s
+                ended = self.control_job_ended()
+                if ended is not None:
+                    job = self.control_job
+                    log.error(
+                        "control job %s ended (%s) before the control plane came up; "
+                        "see %s; replica %d did not train and counts no failure",
+                        job,
+                        ended.lower(),
+                        c.run_dir / "logs" / f"control-{job}.err",
+                        c.replica,
+                    )
+                    return False
+            if now - start >= c.control_wait_s:
+                log.error(
+                    "the control plane did not come up within %.0fs (%s); replica %d did not "
+                    "train and counts no failure",
+                    c.control_wait_s,
+                    why,
+                    c.replica,
+                )
+                return False
+            self.sleep(delay)
+            delay = min(delay * 2, 5.0)
