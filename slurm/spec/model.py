@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm import contract
 from slurm.errors import InputError
 from slurm.health_names import CHECK_NAMES
 from slurm.spec.fields import (
@@ -58,12 +59,12 @@ RESERVED_ENV_PREFIXES = ("FTHSDP_", "SLURM_")
 #: FTHSDP_ inputs a spec may set in `[job].env`: where a rank's watchdog and slow-fault reader
 #: find their node's inputs (a site's health config, or a dev cluster's simulated hardware).
 USER_FTHSDP_ENV = (
-    "FTHSDP_HEALTH_CONFIG",
-    "FTHSDP_SLOW_FILE",
-    "FTHSDP_GPU_SOURCE",
-    "FTHSDP_SYSFS_ROOT",
-    "FTHSDP_KERNEL_LOG",
-    "FTHSDP_WATCHDOG_INTERVAL_S",
+    contract.HEALTH_CONFIG,
+    contract.SLOW_FILE,
+    contract.GPU_SOURCE,
+    contract.SYSFS_ROOT,
+    contract.KERNEL_LOG,
+    contract.WATCHDOG_INTERVAL_S,
 )
 MAX_REPLICAS = 100_000
 
