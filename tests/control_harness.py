@@ -1,10 +1,11 @@
 """Test helpers for the control plane: stand-ins for Slurm's commands that keep state in a JSON
 file and log every call, a `fthsdp control` process that can be killed with -9, and signed posts.
 
-The dev-cluster end-to-end tests (`test_control_e2e.py`, `test_straggler_devcluster.py`) share
-the run they submit (`SPEC`, `write_spec`: 3 one-node replicas of `examples/train_tiny.py` + the
-control job), the health-gated cluster (`health_gated`) and the helpers that drive the run
-through the CLI (`fthsdp`, `wait_until`, `cancel`, `clean_up`).
+The dev-cluster end-to-end tests (`test_story_control_e2e.py`,
+`test_story_straggler_devcluster.py`) share the run they submit (`SPEC`, `write_spec`: 3 one-node
+replicas of `examples/train_tiny.py` + the control job), the health-gated cluster
+(`health_gated`) and the helpers that drive the run through the CLI (`fthsdp`, `wait_until`,
+`cancel`, `clean_up`).
 """
 
 from __future__ import annotations

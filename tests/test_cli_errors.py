@@ -24,7 +24,7 @@ from slurm.backend import SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.spec import load_spec
 from slurm.submit import check_slurm_conf, submit_run
-from tests.test_submit_unit import RecordingBackend
+from tests.test_slurm_submit import RecordingBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = Path(__file__).with_name("specs")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until
 from cpu_load import cpu_burners
-from test_control_e2e import requeues_in_journal
+from test_story_control_e2e import requeues_in_journal
 
 from prolog_epilog import dev_health
 from runtime.control.inject import inject

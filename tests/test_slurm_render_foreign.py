@@ -1,7 +1,7 @@
 """`[train] mode = "torchft"`: the spec's checks, the rendered script (golden), hostile values.
 
 Regenerate the golden files after an intended change with
-`FTHSDP_UPDATE_GOLDEN=1 pytest tests/test_foreign_render.py` and read the diff.
+`FTHSDP_UPDATE_GOLDEN=1 pytest tests/test_slurm_render_foreign.py` and read the diff.
 """
 
 from __future__ import annotations

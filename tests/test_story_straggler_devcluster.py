@@ -1,8 +1,8 @@
 """End to end on the dev cluster: a replica on a slow node is evicted alone, its node drained.
 
-The run of `test_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the control
-job + one spare node) on the health-gated cluster, whose TaskProlog has every rank read its node's
-simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`,
+The run of `test_story_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the
+control job + one spare node) on the health-gated cluster, whose TaskProlog has every rank read
+its node's simulated slow file (`FTHSDP_SLOW_FILE=<hardware root>/{node}/slow`,
 `runtime.control.straggler.steptiming`), with a short straggler window
 (`train.straggler_window_steps`) and `straggler_mode = "drain"`.
 `fthsdp cluster inject <replica 1's node> --fault slow=3` makes replica 1 compute at a third of

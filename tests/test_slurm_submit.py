@@ -1,5 +1,5 @@
 """Submission logic without Slurm: a recording backend stands in for `CommandBackend`
-(the dev-cluster tests in test_submit_devcluster.py drive the real one)."""
+(the dev-cluster tests in test_slurm_submit_devcluster.py drive the real one)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Golden files pin the rendered scripts: a template change shows up as a diff in review.
 
-Regenerate after an intended change with `FTHSDP_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py`
-and read the diff.
+Regenerate after an intended change with
+`FTHSDP_UPDATE_GOLDEN=1 pytest tests/test_slurm_render_golden.py` and read the diff.
 """
 
 from __future__ import annotations

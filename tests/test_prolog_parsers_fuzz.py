@@ -73,7 +73,7 @@ def test_smi_parsers_and_verdicts_never_raise(data: str) -> None:
 
 XID48 = "NVRM: Xid (PCI:0000:19:00): 48, pid=7, name=python, An uncorrectable double bit error"
 # Every wrapper a kernel line arrives in, with its time left to hypothesis (seconds since boot or
-# a wall-clock instant after 2001); see test_kernel_log_forms for where each layout comes from.
+# a wall-clock instant after 2001); see test_prolog_kernel_log for where each layout comes from.
 # Local-time forms (-T, syslog) live in that table: a DST fold would make a property flaky.
 WRAPPERS = [
     lambda t, m: f"[{m:12.6f}] ",

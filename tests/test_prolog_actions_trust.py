@@ -6,7 +6,7 @@ errors. The hooks of one node hold an fcntl lock in the root-owned state_dir, an
 someone else could write is not trusted. After fthsdp's prolog failed on a node, the
 HealthCheckProgram holds off resuming it and takes over the `Prolog error` drain that follows.
 The dev-cluster attack (an unprivileged user's `--comment=fthsdp-health:dcgm`) is in
-test_health_slurm.py.
+test_story_health_hooks.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`fthsdp cancel` cancels only what still runs and names what had finished (pure part; the dev
-cluster run of the README, `tests/test_readme.py`, cancels twice for real)."""
+cluster run of the README, `tests/test_story_readme.py`, cancels twice for real)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 from control_harness import ControlProcess, install_fake_slurm, wait_for
-from test_control_security import RecordingBackend
+from test_control_http_security import RecordingBackend
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.guard import GuardConfig

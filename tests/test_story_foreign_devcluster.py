@@ -29,7 +29,7 @@ from control_harness import (
     submit_until_training,
     wait_until,
 )
-from test_control_e2e import requeues_in_journal
+from test_story_control_e2e import requeues_in_journal
 
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
