@@ -94,3 +94,11 @@ def test_young_daly_interval_per_mode() -> None:
     assert p.checkpoint_interval_for(12) > 100 * p.checkpoint_interval_for(1)
     assert p.with_changes(checkpoint_interval_s=300.0).checkpoint_interval_for(12) == 300.0
     assert p.with_changes(failures_per_1000_nodes_day=0.0).checkpoint_interval_for(1) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("write_s", "mtbf_s", "expected"),
+    [(10.0, 3600.0, 261.70), (1.0, 100.0, 13.48), (300.0, 100.0, 100.0)],
+)
+def test_young_daly(write_s: float, mtbf_s: float, expected: float) -> None:
+    assert young_daly_interval_s(write_s, mtbf_s) == pytest.approx(expected, abs=0.01)
