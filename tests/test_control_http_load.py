@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_control_http_security import RecordingBackend
+from control_harness import RecordingBackend
 
 from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig, ReplicaState

@@ -8,12 +8,12 @@ import asyncio
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from control_harness import RecordingBackend
 
 from runtime.control.auth import ensure_secret
 from runtime.control.http import own_address, start_coordinator
@@ -28,54 +28,8 @@ from runtime.protocol import (
     replica_key_id,
     sign,
 )
-from slurm.backend import JobInfo, NodeInfo
 from slurm.errors import EnvironmentProblem
 from slurm.rundir import read_secret
-
-
-class RecordingBackend:
-    """A `SlurmBackend` that records what it is asked to do; jobs run on `allocations`
-    (job id -> Slurm hostlist; default `node1`, the dev cluster's single-node replica)."""
-
-    def __init__(self, allocations: dict[str, str] | None = None) -> None:
-        self.calls: list[tuple[str, ...]] = []
-        self.allocations = allocations or {}
-
-    def submit(self, script: Path, args: Sequence[str] = ()) -> str:
-        raise NotImplementedError
-
-    def requeue(self, job_id: str) -> None:
-        self.calls.append(("requeue", job_id))
-
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
-        self.calls.append(("release", job_id))
-
-    def cancel(self, job_ids: Iterable[str]) -> None:
-        self.calls.append(("cancel", *job_ids))
-
-    def drain(self, node: str, reason: str) -> bool:
-        self.calls.append(("drain", node, reason))
-        return True
-
-    def resume(self, node: str) -> bool:
-        return False
-
-    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
-        requeued = {c[1] for c in self.calls if c[0] == "requeue"}
-        return [
-            JobInfo(
-                j,
-                "x",
-                "PENDING" if j in requeued else "RUNNING",
-                self.allocations.get(j, "node1"),
-                int(j in requeued),
-                "",
-            )
-            for j in job_ids
-        ]
-
-    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
-        return []
 
 
 def _report(replica: int = 1, seq: int = 1, **kw: Any) -> bytes:

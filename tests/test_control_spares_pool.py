@@ -157,7 +157,7 @@ def _spares_spec(tmp_path: Path, nodes: int, **replicas: object) -> object:
 
 
 def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -> None:
-    from test_slurm_submit import RecordingBackend
+    from submit_harness import RecordingBackend
 
     from slurm.cancel import cancel_run
     from slurm.submit import submit_run
@@ -184,7 +184,7 @@ def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -
 
 
 def test_a_run_without_spares_leaves_no_pool_file(tmp_path: Path) -> None:
-    from test_slurm_submit import RecordingBackend
+    from submit_harness import RecordingBackend
 
     from slurm.submit import submit_run
 
@@ -198,7 +198,7 @@ def test_a_run_without_spares_leaves_no_pool_file(tmp_path: Path) -> None:
 def test_a_resubmit_is_refused_while_a_slot_job_lives_on(tmp_path: Path) -> None:
     """Replicas and control job gone, a slot job still queued (its control plane died before
     it cancelled the pool): the run is live, even with --force."""
-    from test_slurm_submit import RecordingBackend
+    from submit_harness import RecordingBackend
 
     from slurm.records import JobInfo
     from slurm.submit import submit_run
@@ -216,7 +216,7 @@ def test_a_resubmit_is_refused_while_a_slot_job_lives_on(tmp_path: Path) -> None
 
 
 def test_a_failed_slot_submit_cancels_the_whole_run(tmp_path: Path) -> None:
-    from test_slurm_submit import RecordingBackend
+    from submit_harness import RecordingBackend
 
     from slurm.submit import submit_run
 

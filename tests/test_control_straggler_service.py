@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from control_harness import RecordingBackend  # the fake Slurm that records calls
 from prometheus_client.parser import text_string_to_metric_families
-from test_control_http_security import RecordingBackend  # the fake Slurm that records calls
 
 from runtime.control.http import start_coordinator
 from runtime.control.policy import PolicyConfig

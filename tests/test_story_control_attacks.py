@@ -27,8 +27,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from control_harness import ControlProcess, install_fake_slurm, wait_for
-from test_control_http_security import RecordingBackend
+from control_harness import ControlProcess, RecordingBackend, install_fake_slurm, wait_for
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.guard import GuardConfig

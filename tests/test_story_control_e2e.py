@@ -20,25 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until, write_spec
+from control_harness import (
+    ROOT,
+    clean_up,
+    fthsdp,
+    health_gated,
+    requeues_in_journal,
+    wait_until,
+    write_spec,
+)
 
-from runtime.control.journal.store import Journal
-from runtime.control.policy import Requeue
 from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
 STEPS = 360
-
-
-def requeues_in_journal(run_dir: Path) -> list[tuple[str, str]]:
-    journal = Journal.in_run_dir(run_dir)
-    try:
-        return [
-            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
-        ]
-    finally:
-        journal.close()
 
 
 def caught_up(r: dict[int, dict[str, Any]]) -> bool:

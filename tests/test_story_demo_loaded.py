@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_harness import ROOT, clean_up, fthsdp, health_gated, wait_until
+from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
 from cpu_load import cpu_burners
-from test_story_control_e2e import requeues_in_journal
 
 from prolog_epilog import dev_health
 from runtime.control.inject import inject

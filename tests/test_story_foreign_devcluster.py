@@ -26,10 +26,10 @@ from control_harness import (
     clean_up,
     fthsdp,
     health_gated,
+    requeues_in_journal,
     submit_until_training,
     wait_until,
 )
-from test_story_control_e2e import requeues_in_journal
 
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
