@@ -227,3 +227,29 @@ def test_unreadable_spec_files(tmp_path: Path) -> None:
     bad.write_text("[job\n")
     with pytest.raises(InputError, match="valid TOML"):
         load_spec(bad)
+
+
+BASE = {"job": {"name": "a", "run_dir": "/tmp/a"}, "train": {"command": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "spares", "error"),
+    [
+        ({"count": 2}, {}, None),
+        ({"count": 2}, {"nodes": 1}, None),
+        ({"count": 2, "nodes": 2}, {"nodes": 4}, None),
+        ({"count": 2, "nodes": 2}, {"nodes": 3}, "a multiple of replicas.nodes=2"),
+        ({"count": 2}, {"nodes": -1}, "must be an integer >= 0"),
+        ({"count": 2, "constraint": ["a", "b"]}, {"nodes": 1}, "per-replica constraint"),
+        ({"count": 2}, {"node": 1}, "did you mean 'nodes'"),
+    ],
+)
+def test_spares_section(
+    replicas: dict[str, object], spares: dict[str, object], error: str | None
+) -> None:
+    data = dict(BASE, replicas=replicas, spares=spares)
+    if error is None:
+        assert parse_spec(data).spares.nodes == spares.get("nodes", 0)
+    else:
+        with pytest.raises(InputError, match=error):
+            parse_spec(data)

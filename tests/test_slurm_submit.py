@@ -25,7 +25,7 @@ from slurm.backend import (
 from slurm.backend.pyslurm import versions_match
 from slurm.cancel import cancel_run
 from slurm.errors import InputError
-from slurm.rundir import read_run
+from slurm.rundir import Pool, Slot, read_pool, read_run, write_pool
 from slurm.spec import parse_spec
 from slurm.submit import check_against_cluster, gpus_on_node, submit_run
 
@@ -293,3 +293,86 @@ def test_spec_json_of_a_spec_with_a_helper_reads_back(tmp_path: Path) -> None:
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     data = read_spec_data(tmp_path)
     assert data is not None and data["replicas"]["helper"]["partition"] is None
+
+
+def _spares_spec(tmp_path: Path, nodes: int, **replicas: object) -> object:
+    return parse_spec(
+        {
+            "job": {"name": "u", "run_dir": str(tmp_path / "run"), "partition": "gpu"},
+            "replicas": {"count": 2, "nodes": 2, "gpus_per_node": 8, "switches": 1, **replicas},
+            "train": {"command": "python t.py"},
+            "spares": {"nodes": nodes},
+        }
+    )
+
+
+def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -> None:
+    from submit_harness import RecordingBackend
+
+    from slurm.cancel import cancel_run
+    from slurm.submit import submit_run
+
+    backend = RecordingBackend()
+    record = submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]
+    run = tmp_path / "run"
+    names = [p.name for p, _ in backend.submitted]
+    assert (
+        names == ["control.sbatch", "replica-00.sbatch", "replica-01.sbatch"] + ["spare.sbatch"] * 2
+    )
+    assert backend.submitted[-1][1] == ["--dependency=after:101"]  # no singleton
+    pool = read_pool(run)
+    assert pool == Pool(2, (Slot("104"), Slot("105")))
+    assert (run / "spares.json").stat().st_mode & 0o777 == 0o600
+    script = (run / "spare.sbatch").read_text()
+    replica = (run / "replica-00.sbatch").read_text()
+    # The replica's shape, its own name, no singleton, and the agent instead of the trainer.
+    for line in ("--nodes=2", "--gres=gpu:8", "--switches=1", "--partition=gpu", "--requeue"):
+        assert f"#SBATCH {line}" in script and f"#SBATCH {line}" in replica
+    assert "#SBATCH --job-name=u-spare" in script and "singleton" not in script
+    assert "-m runtime.control.spares agent --run-dir" in script
+    assert cancel_run(record, backend) == ["102", "103", "104", "105", "101"]
+
+
+def test_a_run_without_spares_leaves_no_pool_file(tmp_path: Path) -> None:
+    from submit_harness import RecordingBackend
+
+    from slurm.submit import submit_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_pool(run, Pool(1, (Slot("7"),)))  # an earlier run's
+    submit_run(_spares_spec(tmp_path, 0), RecordingBackend(), force=True)  # type: ignore[arg-type]
+    assert read_pool(run) is None and not (run / "spare.sbatch").exists()
+
+
+def test_a_resubmit_is_refused_while_a_slot_job_lives_on(tmp_path: Path) -> None:
+    """Replicas and control job gone, a slot job still queued (its control plane died before
+    it cancelled the pool): the run is live, even with --force."""
+    from submit_harness import RecordingBackend
+
+    from slurm.records import JobInfo
+    from slurm.submit import submit_run
+
+    backend = RecordingBackend()
+    submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]
+    backend.queue = [JobInfo("105", "u-spare", "PENDING", "", 0, "None")]
+    with pytest.raises(InputError, match=r"holds a live run \(jobs 105\)"):
+        submit_run(_spares_spec(tmp_path, 4), backend, force=True)  # type: ignore[arg-type]
+    backend.queue = []
+    (tmp_path / "run" / "spares.json").write_text("{")
+    with pytest.raises(InputError, match="a readable spare pool") as err:
+        submit_run(_spares_spec(tmp_path, 4), backend, force=True)  # type: ignore[arg-type]
+    assert err.value.field == "job.run_dir"
+
+
+def test_a_failed_slot_submit_cancels_the_whole_run(tmp_path: Path) -> None:
+    from submit_harness import RecordingBackend
+
+    from slurm.submit import submit_run
+
+    backend = RecordingBackend(fail_at=4)  # control, 2 replicas, slot 1, then slot 2 fails
+    with pytest.raises(SlurmCommandError):
+        submit_run(_spares_spec(tmp_path, 4), backend)  # type: ignore[arg-type]
+    assert sorted(backend.cancelled) == ["101", "102", "103", "104"]
+    assert not (tmp_path / "run" / "jobs.json").exists()
+    assert read_pool(tmp_path / "run") is None
