@@ -16,10 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from health_harness import FIX
 
 from prolog_epilog import load_config, run_checks
 from prolog_epilog.checks import xid
-from prolog_epilog.kernel_log import line_time, log_records, parse_kernel_log, read_boot_time
+from prolog_epilog.kernel_log import (
+    line_time,
+    log_records,
+    parse_kernel_log,
+    parse_xid_lines,
+    read_boot_time,
+)
 from prolog_epilog.simulated_hardware import dev_config_toml, write_node_inputs
 
 CFG = load_config()
@@ -283,3 +290,25 @@ def test_a_lost_gpu_is_said_once_and_not_again_after_its_xid_79():
     assert (
         res.status == "fail" and res.reason == "Xid 79 0000:db:00" and "GPU lost" not in res.detail
     )
+
+
+def test_xid_lines_in_dmesg_T_and_syslog_forms():
+    events = parse_xid_lines((FIX / "dmesg_T.txt").read_text())
+    assert [e.code for e in events] == [63, 48, 119, 79]
+    assert events[3].pci == "0000:db:00" and events[3].message == "GPU has fallen off the bus."
+    assert events[1].message.startswith("An uncorrectable double bit error")
+    assert all(e.time is not None for e in events)
+    assert events[3].time - events[0].time == 16 * 60 + 47
+    syslog = parse_xid_lines((FIX / "kern_log_syslog.txt").read_text())
+    assert [e.code for e in syslog] == [63, 79] and syslog[1].time is not None
+    raw = parse_xid_lines((FIX / "dmesg_raw.txt").read_text(), boot_time=1_000_000.0)
+    assert [(e.code, e.time) for e in raw] == [(79, 1_002_012.001234), (94, 1_002_100.5)]
+    assert parse_xid_lines((FIX / "dmesg_noise.txt").read_text()) == []
+
+
+def test_line_time_forms():
+    assert line_time(
+        "2024-03-12T10:31:09.123+00:00 host kernel: NVRM: Xid", 0, None
+    ) == pytest.approx(1710239469.123)
+    assert line_time("no time here", 0, None) is None
+    assert line_time("[ 12.5] x", 0, None) is None  # raw seconds need the boot time

@@ -1,18 +1,11 @@
-"""Parsers against fixture files in nvidia-smi's, ibstat's, sysfs's and the kernel's formats."""
+"""`prolog_epilog.smi_parsers`: nvidia-smi's query, NVLink and CSV output, from fixture files."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from health_harness import FIX
 
 from prolog_epilog import smi_parsers as smi
-from prolog_epilog.checks.dcgm import judge as dcgm_judge
-from prolog_epilog.checks.dcgm import parse_dcgm_json
-from prolog_epilog.fabric import parse_ibstat, parse_rate, read_sysfs
-from prolog_epilog.kernel_log import line_time, parse_xid_lines
-
-FIX = Path(__file__).parent / "fixtures" / "health"
 
 
 def q(name: str) -> list[tuple[str, dict]]:
@@ -103,78 +96,3 @@ def test_csv_queries():
     assert thermal[2].temperature_c == 97 and thermal[2].hw_thermal_slowdown is True
     procs = smi.processes_from_csv((FIX / "query_compute_apps.csv").read_text())
     assert [p.pid for p in procs] == [41230, 41231] and procs[0].used_memory_mib == 70512
-
-
-@pytest.mark.parametrize(
-    ("case", "states"),
-    [
-        (
-            "healthy",
-            {
-                "mlx5_0": ("ACTIVE", "LinkUp", 400.0, "InfiniBand"),
-                "mlx5_4": ("ACTIVE", "LinkUp", 100.0, "Ethernet"),
-            },
-        ),
-        ("down_polling", {"mlx5_2": ("DOWN", "Polling", 10.0, "InfiniBand")}),
-        ("roce_only", {"mlx5_1": ("ACTIVE", "LinkUp", 200.0, "Ethernet")}),
-        ("wrong_rate", {"mlx5_3": ("ACTIVE", "LinkUp", 200.0, "InfiniBand")}),
-    ],
-)
-def test_sysfs_trees(case, states):
-    ports = {p.device: p for p in read_sysfs(FIX / "sysfs" / case)}
-    for dev, (state, phys, rate, layer) in states.items():
-        p = ports[dev]
-        assert (p.state, p.phys_state, p.rate_gbps, p.link_layer) == (state, phys, rate, layer)
-
-
-def test_sysfs_files_without_newline_parse_like_with():
-    ports = {p.device: p for p in read_sysfs(FIX / "sysfs" / "healthy")}
-    assert ports["mlx5_0"] == ports["mlx5_0"].__class__(
-        **{**ports["mlx5_1"].__dict__, "device": "mlx5_0"}
-    )
-    assert ports["mlx5_1"].counters["link_downed"] == 0
-
-
-def test_ibstat_matches_sysfs_facts():
-    ports = parse_ibstat((FIX / "ibstat_healthy.txt").read_text())
-    assert [(p.device, p.state, p.phys_state, p.rate_gbps, p.link_layer) for p in ports] == [
-        ("mlx5_0", "ACTIVE", "LinkUp", 400.0, "InfiniBand"),
-        ("mlx5_1", "ACTIVE", "LinkUp", 400.0, "InfiniBand"),
-        ("mlx5_2", "ACTIVE", "LinkUp", 100.0, "Ethernet"),
-    ]
-    down = parse_ibstat((FIX / "ibstat_down.txt").read_text())
-    assert (down[1].state, down[1].phys_state) == ("DOWN", "Polling")
-    assert parse_rate("400 Gb/sec (4X NDR)") == 400.0 and parse_rate("garbage") is None
-
-
-def test_xid_lines_in_dmesg_T_and_syslog_forms():
-    events = parse_xid_lines((FIX / "dmesg_T.txt").read_text())
-    assert [e.code for e in events] == [63, 48, 119, 79]
-    assert events[3].pci == "0000:db:00" and events[3].message == "GPU has fallen off the bus."
-    assert events[1].message.startswith("An uncorrectable double bit error")
-    assert all(e.time is not None for e in events)
-    assert events[3].time - events[0].time == 16 * 60 + 47
-    syslog = parse_xid_lines((FIX / "kern_log_syslog.txt").read_text())
-    assert [e.code for e in syslog] == [63, 79] and syslog[1].time is not None
-    raw = parse_xid_lines((FIX / "dmesg_raw.txt").read_text(), boot_time=1_000_000.0)
-    assert [(e.code, e.time) for e in raw] == [(79, 1_002_012.001234), (94, 1_002_100.5)]
-    assert parse_xid_lines((FIX / "dmesg_noise.txt").read_text()) == []
-
-
-def test_line_time_forms():
-    assert line_time(
-        "2024-03-12T10:31:09.123+00:00 host kernel: NVRM: Xid", 0, None
-    ) == pytest.approx(1710239469.123)
-    assert line_time("no time here", 0, None) is None
-    assert line_time("[ 12.5] x", 0, None) is None  # raw seconds need the boot time
-
-
-def test_dcgm_json_pass_and_fail():
-    results, err = parse_dcgm_json((FIX / "dcgm_diag_r1_pass.json").read_text())
-    assert err is None and len(results) == 9
-    assert dcgm_judge(results, err).status == "pass"
-    results, err = parse_dcgm_json(
-        "WARNING: noise\n" + (FIX / "dcgm_diag_r1_fail.json").read_text()
-    )
-    verdict = dcgm_judge(results, err)
-    assert verdict.status == "fail" and "row remapping failed" in verdict.detail
