@@ -19,11 +19,9 @@ from slurm_captures import NODE_FILE, RELEASES, capture, version_of
 
 from slurm.records import (
     NodeInfo,
-    NodeNameError,
     SlurmCommandError,
     SlurmOutputError,
     SlurmVersion,
-    check_node_name,
 )
 from slurm.slurm_json import (
     check_supported,
@@ -348,37 +346,3 @@ def test_nodes_as_jobs_is_refused(release: str) -> None:
     version = version_of(release)
     with pytest.raises(SlurmOutputError, match="no top-level 'jobs'"):
         parse_squeue_jobs(capture(release, "sinfo_busy.json"), version, ["squeue", "--json"])
-
-
-# -- node names ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", ["node1", "gpu-a01", "n_1.rack2", "A100x8"])
-def test_single_node_names_pass(name: str) -> None:
-    assert check_node_name(name, "drain") == name
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "node[1-2]",
-        "node[1-4]",
-        "node1,node2",
-        "node1 node2",
-        "",
-        "node1\n",
-        "-n",
-        "node1;reboot",
-        "NodeName=node1",
-        ["node1"],
-        ("node1",),
-        None,
-        3,
-        b"node1",
-    ],
-)
-def test_anything_but_one_node_name_is_refused(value: object) -> None:
-    with pytest.raises(NodeNameError) as info:
-        check_node_name(value, "drain")
-    assert "one Slurm node name" in str(info.value) and "nothing was done" in str(info.value)
-    assert isinstance(info.value, SlurmCommandError) and isinstance(info.value, ValueError)
