@@ -51,7 +51,7 @@ BEFORE = [
     "found): 1,100 half-open connections kept the coordinator unreachable for as long as they "
     "were open, and 3,000 bad signatures wrote 3,000 journal rows (111 KB to 4.35 MB) while a "
     "signed report went from 20 to 90 ms. The eviction at the connection cap and the header "
-    "deadline are tested with a small cap in `tests/test_control_attacks.py`.",
+    "deadline are tested with a small cap in `tests/test_story_control_attacks.py`.",
 ]
 HALF_HEADER = b"POST /v1/reports HTTP/1.1\r\nHost: coordinator\r\nX-Fthsdp-Sig"
 

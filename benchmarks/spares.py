@@ -1,7 +1,7 @@
 """Hot spares on a full cluster: fault -> replacement participating, with one spare and none.
 
 One health-gated dev cluster (4 nodes; root, slurm-wlm, munge) for the whole benchmark; each run
-is the scenario of `tests/test_spares_full_cluster.py`: 2 one-node replicas of
+is the scenario of `tests/test_story_spares_full_cluster.py`: 2 one-node replicas of
 `examples/train_tiny.py` + the control job, every node the run does not hold filled with
 `nobody`'s 10-minute sleep jobs, an Xid 79 into replica 1's node.
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_spares_full_cluster import _run  # noqa: E402
+from test_story_spares_full_cluster import _run  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
 from prolog_epilog import dev_health  # noqa: E402

@@ -1,10 +1,11 @@
 """Test helpers for the control plane: stand-ins for Slurm's commands that keep state in a JSON
 file and log every call, a `fthsdp control` process that can be killed with -9, and signed posts.
 
-The dev-cluster end-to-end tests (`test_control_e2e.py`, `test_straggler_devcluster.py`) share
-the run they submit (`SPEC`, `write_spec`: 3 one-node replicas of `examples/train_tiny.py` + the
-control job), the health-gated cluster (`health_gated`) and the helpers that drive the run
-through the CLI (`fthsdp`, `wait_until`, `cancel`, `clean_up`).
+The dev-cluster end-to-end tests (`test_story_control_e2e.py`,
+`test_story_straggler_devcluster.py`) share the run they submit (`SPEC`, `write_spec`: 3 one-node
+replicas of `examples/train_tiny.py` + the control job), the health-gated cluster
+(`health_gated`) and the helpers that drive the run through the CLI (`fthsdp`, `wait_until`,
+`cancel`, `clean_up`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prolog_epilog import dev_health
+from runtime.control.journal.store import Journal
+from runtime.control.policy import Requeue
 from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
+from slurm.backend import JobInfo, NodeInfo
 from slurm.devcluster import DevClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +125,51 @@ def wait_for(pred: Callable[[], object], timeout: float = 20.0, what: str = "") 
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class RecordingBackend:
+    """A `SlurmBackend` that records what it is asked to do; jobs run on `allocations`
+    (job id -> Slurm hostlist; default `node1`, the dev cluster's single-node replica)."""
+
+    def __init__(self, allocations: dict[str, str] | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.allocations = allocations or {}
+
+    def submit(self, script: Path, args: Sequence[str] = ()) -> str:
+        raise NotImplementedError
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue", job_id))
+
+    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
+        self.calls.append(("release", job_id))
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        self.calls.append(("cancel", *job_ids))
+
+    def drain(self, node: str, reason: str) -> bool:
+        self.calls.append(("drain", node, reason))
+        return True
+
+    def resume(self, node: str) -> bool:
+        return False
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        requeued = {c[1] for c in self.calls if c[0] == "requeue"}
+        return [
+            JobInfo(
+                j,
+                "x",
+                "PENDING" if j in requeued else "RUNNING",
+                self.allocations.get(j, "node1"),
+                int(j in requeued),
+                "",
+            )
+            for j in job_ids
+        ]
+
+    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        return []
 
 
 class ControlProcess:
@@ -330,6 +379,16 @@ def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: st
 def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
     data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
     return {r["replica"]: r for r in data["replicas"]}
+
+
+def requeues_in_journal(run_dir: Path) -> list[tuple[str, str]]:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        return [
+            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
+        ]
+    finally:
+        journal.close()
 
 
 def requeued_and_caught_up(replica: int) -> Callable[[dict[int, dict[str, Any]]], bool]:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from submit_harness import RecordingBackend
 
 from fthsdp_cli.main import COMMANDS, EXIT_CODES, cli, one_line
 from slurm.backend import SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.spec import load_spec
 from slurm.submit import check_slurm_conf, submit_run
-from tests.test_submit_unit import RecordingBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = Path(__file__).with_name("specs")

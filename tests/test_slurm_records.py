@@ -1,10 +1,10 @@
-"""`slurm.records.lead_record`: which squeue record speaks for a job, by a table."""
+"""`slurm.records`: which squeue record speaks for a job, and the one-node-name check, by tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from slurm.records import JobInfo, lead_record
+from slurm.records import JobInfo, NodeNameError, SlurmCommandError, check_node_name, lead_record
 
 
 def _job(job_id: str, het_job_id: str | None = None, offset: int = 0) -> JobInfo:
@@ -28,3 +28,34 @@ HELPER = _job("11", "10", 1)
 )
 def test_lead_record(jobs: list[JobInfo], job_id: str, lead: JobInfo | None) -> None:
     assert lead_record(jobs, job_id) == lead
+
+
+@pytest.mark.parametrize("name", ["node1", "gpu-a01", "n_1.rack2", "A100x8"])
+def test_single_node_names_pass(name: str) -> None:
+    assert check_node_name(name, "drain") == name
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "node[1-2]",
+        "node[1-4]",
+        "node1,node2",
+        "node1 node2",
+        "",
+        "node1\n",
+        "-n",
+        "node1;reboot",
+        "NodeName=node1",
+        ["node1"],
+        ("node1",),
+        None,
+        3,
+        b"node1",
+    ],
+)
+def test_anything_but_one_node_name_is_refused(value: object) -> None:
+    with pytest.raises(NodeNameError) as info:
+        check_node_name(value, "drain")
+    assert "one Slurm node name" in str(info.value) and "nothing was done" in str(info.value)
+    assert isinstance(info.value, SlurmCommandError) and isinstance(info.value, ValueError)

@@ -4,7 +4,7 @@ Plain functions over the pool as `spares.json` holds it (`runtime.control.spares
 job as Slurm shows it now (`SlotView`): `choose_slot` picks the slot a replica moves into,
 `plan_upkeep` says which slots to retire, forget and refill, `assign` records a move, and
 `pool_summary` is what `fthsdp status` shows. No I/O, so every rule is tested by tables
-(tests/test_spares_pool.py); the coordinator's `SpareManager` does the reading and writing.
+(tests/test_control_spare_slots.py); the coordinator's `SpareManager` does the reading and writing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""`runtime.control.client`: the status merge of the coordinator's view and Slurm's, as a table."""
+
+from __future__ import annotations
+
+from runtime.control.client import merge_status
+from slurm.backend import NodeInfo
+
+
+def test_merge_status_prefers_the_coordinator_and_lists_our_drains() -> None:
+    base = {
+        "name": "r",
+        "run_dir": "/x",
+        "jobs": [
+            {"role": "control", "replica": None, "job_id": "9", "state": "RUNNING"},
+            {"role": "replica", "replica": 0, "job_id": "10", "state": "RUNNING",
+             "nodes": ["node1"], "restarts": 0},
+            {"role": "replica", "replica": 1, "job_id": "11", "state": "PENDING",
+             "nodes": [""], "restarts": 1},
+        ],
+    }  # fmt: skip
+    crep = {
+        "phase": "training", "job_id": "10", "nodes": ["node1"], "step": 42, "restarts": 0,
+        "relaunches": 1, "requeues": 0, "slurm_requeues": 0, "last_failure": "process: x",
+    }  # fmt: skip
+    coord = {
+        "url": "http://h:1",
+        "replicas": [
+            {**crep, "replica": 0},
+            {**crep, "replica": 1, "job_id": "11", "phase": "starting", "step": 7, "requeues": 1},
+        ],
+        "drained": [{"node": "node2", "reason": "fthsdp: xid: 79"}],
+        "quorum_id": 5,
+        "participants": 1,
+        "cursor": 84,
+    }
+    nodes = [
+        NodeInfo("node3", "drained", ("DRAIN",), "fthsdp: ecc: 2"),
+        NodeInfo("node4", "drained", ("DRAIN",), "admin: fan"),
+    ]
+    out = merge_status(base, coord, nodes)
+    assert [(r["replica"], r["state"], r["step"], r["restarts"]) for r in out["replicas"]] == [
+        (0, "training", 42, 0),
+        (1, "pending", 7, 1),
+    ]
+    assert out["drained"] == [
+        {"node": "node2", "reason": "fthsdp: xid: 79"},
+        {"node": "node3", "reason": "fthsdp: ecc: 2"},
+    ]
+    assert (out["quorum_id"], out["cursor"]) == (5, 84)
+    without = merge_status(base, None, [])
+    assert [r["state"] for r in without["replicas"]] == ["starting", "pending"]
+    assert without["coordinator"] is None

@@ -1,0 +1,136 @@
+"""End to end on the dev cluster: only the failed replica is requeued; the others never stop.
+
+3 replicas (one node each, 8 GRES GPUs, one CPU rank running `examples/train_tiny.py`) + the
+control job + one spare node, on the session cluster switched to health gating
+(`prolog_epilog.dev_health.health_settings`: simulated hardware, the project's Prolog/Epilog/
+HealthCheckProgram, and a TaskProlog that points the ranks' watchdog at their node's hardware).
+An Xid 79 injected into replica 1's node is seen by that replica's watchdog; the coordinator
+drains the node with an `fthsdp:` reason and requeues replica 1's job exactly once; the job
+passes the prolog on the spare node and rejoins, while replicas 0 and 2 keep their job ids and
+restart count 0 and their committed step rises throughout. A second fault, `kill` (processes
+die, no hardware sign), shows tier 1: relaunch in place, no requeue. The run then finishes: the
+final weights of all replicas agree and the ledger is exactly-once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_harness import (
+    ROOT,
+    clean_up,
+    fthsdp,
+    health_gated,
+    requeues_in_journal,
+    wait_until,
+    write_spec,
+)
+
+from runtime.verdict import check_ledger, final_weights_agree
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+
+STEPS = 360
+
+
+def caught_up(r: dict[int, dict[str, Any]]) -> bool:
+    return (
+        r[1]["state"] == "training"
+        and (r[1]["step"] or 0) >= min(r[0]["step"] or 0, r[2]["step"] or 0) - 3
+    )
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_only_the_failed_replica_is_requeued(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    with health_gated(slurm_cluster) as gated:
+        _only_the_failed_replica_is_requeued(gated, tmp_path)
+
+
+def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, tmp_path: Path) -> None:
+    spec, run_dir = write_spec(tmp_path, STEPS)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+    backend = CommandBackend()
+    trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
+    drained: str | None = None
+    try:
+        fthsdp(env, "submit", str(spec))
+        before = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
+            120,
+            "all replicas training",
+            trace,
+        )
+        jobs = {k: r["job_id"] for k, r in before.items()}
+        victim = before[1]["nodes"][0]
+        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(gated.directory))
+        drained = victim
+        t_fault = time.time()
+        after = wait_until(
+            env,
+            run_dir,
+            lambda r: r[1]["restarts"] == 1 and caught_up(r),
+            120,
+            "replica 1 requeued and caught up",
+            trace,
+        )
+        t_rejoined = time.time()
+        # Replica 1 moved off the bad node; the others never restarted.
+        assert after[1]["nodes"][0] != victim
+        for k in (0, 2):
+            assert after[k]["job_id"] == jobs[k]
+            assert after[k]["restarts"] == 0
+            assert after[k]["relaunches"] == 0
+        # ... and their step rose throughout the outage.
+        during = [reps for t, reps in trace if t_fault <= t <= t_rejoined]
+        for k in (0, 2):
+            steps = [reps[k]["step"] for reps in during]
+            assert steps == sorted(steps) and steps[-1] > steps[0], steps
+            # Never four status samples (>= 6 s on this machine) in a row without progress.
+            runs = zip(steps, steps[1:], steps[2:], steps[3:], strict=False)
+            assert all(len(set(run)) > 1 for run in runs), steps
+        (info,) = backend.nodes([victim])
+        assert info.drained_by_us and info.reason.startswith("fthsdp: xid:"), info
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+
+        # Tier 1: the replica's processes die with no hardware sign -> relaunch in place.
+        new_node = after[1]["nodes"][0]
+        assert after[1]["step"] < STEPS - 60, "too late in the run for the tier-1 scenario"
+        fthsdp(env, "cluster", "inject", new_node, "--fault", "kill", "--dir", str(gated.directory))
+        relaunched = wait_until(
+            env,
+            run_dir,
+            lambda r: r[1]["relaunches"] >= 1 and caught_up(r),
+            90,
+            "replica 1 relaunched in place",
+            trace,
+        )
+        assert relaunched[1]["job_id"] == jobs[1] and relaunched[1]["restarts"] == 1
+        assert relaunched[1]["nodes"] == after[1]["nodes"]
+
+        # The run finishes: every replica's job completes, nobody else ever restarted.
+        final = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["slurm_state"] == "COMPLETED" for x in r.values()),
+            150,
+            "the run to finish",
+            trace,
+        )
+        assert final[0]["restarts"] == final[2]["restarts"] == 0
+        assert [final[k]["job_id"] for k in range(3)] == [jobs[k] for k in range(3)]
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert final_weights_agree(run_dir, [0, 1, 2])
+        ledger = check_ledger(run_dir, STEPS)
+        assert ledger.ok, ledger.problems
+    finally:
+        clean_up(env, run_dir, gated, drained)

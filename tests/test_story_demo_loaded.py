@@ -1,0 +1,125 @@
+"""The demo's fault story on a loaded machine: exactly one requeue, and the control job ends.
+
+`examples/demo.toml` (3 replicas, each with a CPU helper component) on the health-gated dev
+cluster while two CPU burners (`while True: pass`) compete for this machine's cores, as a user's
+other work would. An Xid 79 on replica 1's node is handled by requeueing replica 1 exactly once;
+the shared-CPU noise around its replacement's start and catch-up does not evict a healthy replica
+as a straggler (eviction holds off while a replica recovers, and a straggler must be slow against
+its own pace too). Once every replica completed, the control job ends by itself (COMPLETED).
+
+The pure part of the demo's early stop (a control job that failed is one line naming its log)
+is checked without Slurm.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
+from cpu_load import cpu_burners
+
+from prolog_epilog import dev_health
+from runtime.control.inject import inject
+from runtime.control.journal.store import Journal
+from slurm.backend import CommandBackend
+from slurm.devcluster import DevClusterConfig
+from slurm.rundir import read_run
+
+
+def _demo() -> Any:
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> None:
+    demo = _demo()
+    log = demo.RUN_DIR / "logs" / "control-7.err"
+    data = {"jobs": [{"role": "control", "job_id": "7", "state": "FAILED"}]}
+    line = demo.control_failure(data)
+    assert line.startswith("control job 7: FAILED; see ")
+    assert str(log.relative_to(ROOT)) in line and "\n" not in line
+    data["jobs"][0]["state"] = "RUNNING"
+    assert demo.control_failure(data) is None
+    log_file = tmp_path / "x.err"
+    log_file.write_text("start\nfthsdp: torchft_lighthouse did not listen on http://h:1\n\n")
+    assert demo.last_line(log_file) == "fthsdp: torchft_lighthouse did not listen on http://h:1"
+
+
+def _evictions(run_dir: Path) -> int:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        return journal.count_events("StragglerEviction")
+    finally:
+        journal.close()
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(1200)
+def test_demo_fault_story_on_a_loaded_machine(
+    slurm_cluster: DevClusterConfig, tmp_path: Path
+) -> None:
+    with health_gated(slurm_cluster) as gated, cpu_burners(2):
+        _story(gated, tmp_path)
+
+
+def _story(gated: DevClusterConfig, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        TINY_STEP_SLEEP_S="0.1",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    )
+    trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
+    victim: str | None = None
+    sets = ["--set", f"job.run_dir={run_dir}", "--set", "job.name=demo-loaded"]
+    try:
+        fthsdp(env, "submit", str(ROOT / "examples" / "demo.toml"), *sets)
+        before = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 40 for x in r.values()),
+            400,
+            "all replicas training at step 40",
+            trace,
+        )
+        jobs = {k: r["job_id"] for k, r in before.items()}
+        victim = before[1]["nodes"][0]
+        inject(dev_health.hardware_dir(gated), victim, "xid79", gated.gpus_per_node)
+        final = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["slurm_state"] == "COMPLETED" for x in r.values()),
+            700,
+            "the run to finish",
+            trace,
+        )
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert _evictions(run_dir) == 0
+        assert final[0]["restarts"] == final[2]["restarts"] == 0
+        assert final[1]["restarts"] == 1
+        # The control job ends by itself once every replica completed (30 s grace).
+        backend = CommandBackend()
+        record = read_run(run_dir)
+        assert record.control is not None
+        control = record.control.job_id
+        deadline = time.monotonic() + 180
+        state = ""
+        while time.monotonic() < deadline:
+            found = [i for i in backend.jobs([control]) if i.base_id == control]
+            state = found[0].state if found else "GONE"
+            if state in ("COMPLETED", "GONE"):
+                break
+            time.sleep(3)
+        assert state == "COMPLETED", f"control job {control}: {state}"
+    finally:
+        clean_up(env, run_dir, gated, victim)
