@@ -59,8 +59,12 @@ typecheck: install
 check: lint typecheck
 	$(BIN)/python -m pytest -q -m "not slurm and not slow" -n 2 $(PYTEST_ARGS)
 
+# On the host: the fast tier on two workers (as in `check`), then the tests that start dev clusters
+# or many processes, one at a time (they measure stalls and timeouts); then the slurm-marked tests
+# on every other release of the matrix.
 test: install slurm-deps lint typecheck chroots
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
+	$(BIN)/python -m pytest -m "slurm or slow"
 	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; \
 	else for v in $$($(RELEASES) others); do \
 	  echo "== slurm-marked tests on Slurm $$v"; $(MAKE) --no-print-directory test-slurm VERSION=$$v || exit 1; \
