@@ -14,6 +14,7 @@ tests check only the replica jobs.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -100,7 +101,10 @@ def backend(slurm_cluster: DevClusterConfig) -> Iterator[CommandBackend]:
                 record = read_run(run)
             except InputError:
                 continue
-            cancel_run(record, b)
+            # A test that broke the run's spares.json on purpose gets the rest cancelled and
+            # then the InputError naming the file; the wait below still proves nothing is left.
+            with contextlib.suppress(InputError):
+                cancel_run(record, b)
             ids = record.job_ids
             wait_for(
                 lambda ids=ids: not [j for j in b.jobs(ids) if is_live(j)] or None,
