@@ -61,7 +61,9 @@ class RenderedScript:
 
 
 @functools.cache
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
+    """The one Jinja2 environment every script is rendered with: strict about undefined names,
+    with the shell-quoting filters, so a spare slot's script is rendered like a replica's."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
@@ -257,7 +259,7 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
     if foreign:
         env += foreign_env(spec, replica)
     text = (
-        _environment()
+        template_environment()
         .get_template("replica.sbatch.j2")
         .render(
             replica=replica,
@@ -301,7 +303,7 @@ def control_options(spec: JobSpec) -> list[Option]:
 def render_control(spec: JobSpec) -> RenderedScript:
     c = spec.control
     text = (
-        _environment()
+        template_environment()
         .get_template("control.sbatch.j2")
         .render(
             run_name=spec.job.name,

@@ -250,7 +250,7 @@ def render_spare(spec: JobSpec) -> str:
     """The spare slot script: one replica's shape (partition, GRES, constraint, switches, helper
     component), its own job name and no `singleton`; it waits for the coordinator to assign a
     replica, then runs that replica's script (`runtime.control.spares`)."""
-    from slurm.render import _environment, replica_options, runtime_env
+    from slurm.render import replica_options, runtime_env, template_environment
 
     comp0, comp1 = replica_options(spec, 0)
     name = f"{spec.job.name}-spare"
@@ -263,7 +263,7 @@ def render_spare(spec: JobSpec) -> str:
     comp0 = [(k, renamed.get(k, v)) for k, v in comp0 if k != "dependency"]
     comp1 = [(k, f"{name}-helper" if k == "job-name" else v) for k, v in comp1]
     text = (
-        _environment()
+        template_environment()
         .get_template("spares.sbatch.j2")
         .render(
             run_name=spec.job.name,
