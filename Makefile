@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps chroots test test-slurm lint typecheck check demo bench clean
+.PHONY: install slurm-deps chroots test test-slurm lint typecheck check demo bench clean site-install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ chroots: install slurm-deps
 # The slurm-marked tests against one release: on the host when it is the host's, else in its chroot.
 test-slurm: install slurm-deps
 	@test -n "$(VERSION)" || { echo "usage: make test-slurm VERSION=X.Y ($$($(RELEASES) matrix | cut -d' ' -f1 | xargs))" >&2; exit 2; }
-	$(RELEASES) run --version $(VERSION) -- $(BIN)/python -m pytest -m slurm
+	$(RELEASES) run --version $(VERSION) -- $(BIN)/python -m pytest -m slurm --durations=15
 
 # The layer and cycle contracts of .importlinter run with the linters: a new import the wrong way
 # between the four parts, or a cycle between sibling modules, fails here.
@@ -64,11 +64,34 @@ check: lint typecheck
 # on every other release of the matrix.
 test: install slurm-deps lint typecheck chroots
 	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
-	$(BIN)/python -m pytest -m "slurm or slow"
+	$(BIN)/python -m pytest -m "slurm or slow" --durations=15
 	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; \
 	else for v in $$($(RELEASES) others); do \
 	  echo "== slurm-marked tests on Slurm $$v"; $(MAKE) --no-print-directory test-slurm VERSION=$$v || exit 1; \
 	done; fi
+
+# A site install: the project's wheel with its runtime and health extras and the pinned CPU torch,
+# in a virtualenv made from a Python every user can run (not the developer's .venv, whose
+# interpreter may sit under a 0700 home). Operators point Prolog, Epilog and HealthCheckProgram at
+# PREFIX/bin/fthsdp-{prolog,epilog,healthcheck}; users run PREFIX/bin/fthsdp. docs/operators.md,
+# "Installing on a site", gives the same steps with a wheel and no checkout.
+PREFIX ?= /opt/fthsdp
+SITE_PYTHON ?= /usr/bin/python3
+WHEEL_DIR ?= build/wheel
+
+site-install:
+	@test -x "$(SITE_PYTHON)" || { echo "site-install: $(SITE_PYTHON) not found: set SITE_PYTHON to a Python 3.11+ every user can run" >&2; exit 3; }
+	@if ! "$(SITE_PYTHON)" -c 'import ensurepip, venv' 2>/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; \
+	  else echo "site-install: $(SITE_PYTHON) has no venv module: apt-get install python3-venv (as root)" >&2; exit 3; fi; fi
+	@test -x "$(PREFIX)/bin/python" || "$(SITE_PYTHON)" -m venv "$(PREFIX)"
+	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) --upgrade pip
+	rm -rf "$(WHEEL_DIR)" && "$(PREFIX)/bin/pip" wheel $(PIP_FLAGS) --no-deps -w "$(WHEEL_DIR)" .
+	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) "$(TORCH_PIN)"
+	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) --force-reinstall --no-deps "$$(ls $(WHEEL_DIR)/fthsdp-*.whl)"
+	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) "$$(ls $(WHEEL_DIR)/fthsdp-*.whl)[runtime,health]" "$(TORCH_PIN)"
+	chmod -R a+rX "$(PREFIX)"
+	@echo "installed fthsdp into $(PREFIX): $(PREFIX)/bin/fthsdp, fthsdp-prolog, fthsdp-epilog, fthsdp-healthcheck"
 
 demo: install slurm-deps
 	$(BIN)/python examples/demo.py
