@@ -46,16 +46,26 @@ def _fthsdp(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_local_torchft_run_restarts_a_killed_group_which_heals(tmp_path: Path) -> None:
-    spec = tmp_path / "spec.toml"
+    """examples/torchft.toml as shipped (only its run folder moved), with one group killed."""
     run_dir = tmp_path / "run"
-    spec.write_text(SPEC.format(run_dir=run_dir, python=sys.executable))
-    r = _fthsdp("run", "--local", str(spec), "--kill-replica", "1", "--at-step", "15", "--json")
+    r = _fthsdp(
+        "run",
+        "--local",
+        "examples/torchft.toml",
+        "--set",
+        f"job.run_dir={run_dir}",
+        "--kill-replica",
+        "1",
+        "--at-step",
+        "15",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     groups = {g["replica"]: g for g in summary["groups"]}
     assert groups[0]["restarts"] == 0 and groups[0]["exit_codes"] == [0]
     assert groups[1]["restarts"] == 1 and groups[1]["exit_codes"] == [-9, 0]
-    assert groups[0]["step"] == groups[1]["step"] == 60
+    assert groups[0]["step"] == groups[1]["step"] == 200
 
     def steps(name: str) -> list[int]:
         text = (run_dir / "logs" / name).read_text()

@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,9 @@ class ForeignLocalRun:
         c = self.cfg
         assert self.lighthouse is not None
         env = dict(os.environ)
+        # `python` and `torchrun` in the command are the installation fthsdp runs from, as the
+        # native mode's `python` is (`resolve_command`), not whatever comes first on PATH.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update(c.env)
         env.update(
             {
