@@ -33,7 +33,7 @@ import functools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import jinja2
@@ -276,12 +276,19 @@ def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
             train_command=spec.train.command,
             foreign=foreign,
             python=spec.control.python,
+            python_bin=python_bin(spec.control.python),
             run_dir=str(spec.run_dir),
         )
     )
     return RenderedScript(
         spec.replica_script(replica), spec.replica_name(replica), "replica", replica, text
     )
+
+
+def python_bin(python: str) -> str | None:
+    """The folder of `[control].python` when it is a path: the scripts put it first on PATH so
+    the training command's `python` and `torchrun` are that installation's too."""
+    return str(PurePosixPath(python).parent) if "/" in python else None
 
 
 def control_options(spec: JobSpec) -> list[Option]:
@@ -312,6 +319,7 @@ def render_control(spec: JobSpec) -> RenderedScript:
             user_env=sorted(spec.job.env.items()),
             setup=spec.job.setup,
             python=c.python,
+            python_bin=python_bin(c.python),
             run_dir=str(spec.run_dir),
             lighthouse_port=c.lighthouse_port,
             coordinator_port=c.coordinator_port,

@@ -34,7 +34,7 @@ from pathlib import Path
 from slurm.backend import NodeInfo, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.doctor import require_topology_support
 from slurm.errors import EnvironmentProblem, InputError
-from slurm.render import RenderedScript, render_run, write_scripts
+from slurm.render import RenderedScript, python_bin, render_run, write_scripts
 from slurm.rundir import (
     JOBS_FILE,
     LOG_DIR,
@@ -273,6 +273,7 @@ def render_spare(spec: JobSpec) -> str:
             user_env=sorted(spec.job.env.items()),
             setup=spec.job.setup,
             python=spec.control.python,
+            python_bin=python_bin(spec.control.python),
             run_dir=str(spec.run_dir),
         )
     )

@@ -7,6 +7,8 @@ result. `render` is the dry run (it never talks to Slurm); `submit --dry-run` is
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -88,9 +90,14 @@ def submit(
         return
     from slurm.backend import make_backend
     from slurm.spec import load_spec
+    from slurm.spec.model import DEFAULT_PYTHON
     from slurm.submit import check_slurm_conf, submit_run
 
     loaded = load_spec(spec, overrides)
+    if loaded.control.python == DEFAULT_PYTHON:
+        # Unset: the jobs run the installation this command runs from (a site's shared
+        # virtualenv), not whichever `python` comes first on the job's PATH.
+        loaded = replace(loaded, control=replace(loaded.control, python=sys.executable))
     check_slurm_conf()
     record = submit_run(loaded, make_backend(notice=stderr_notice), force=force)
     if as_json:

@@ -284,6 +284,10 @@ class ReplicasSection:
         return f"{self.switches}@{self.switches_wait}" if self.switches_wait else str(self.switches)
 
 
+#: `[control].python` left unset: `fthsdp submit` puts the interpreter it runs on in its place.
+DEFAULT_PYTHON = "python"
+
+
 @dataclass(frozen=True)
 class ControlSection:
     """`[control]`: the small CPU job that runs the quorum service and the coordinator."""
@@ -294,7 +298,7 @@ class ControlSection:
     time: str | None = None
     lighthouse_port: int = 0
     coordinator_port: int = 0
-    python: str = "python"
+    python: str = DEFAULT_PYTHON
 
     def __post_init__(self) -> None:
         check_name("control.partition", self.partition)
