@@ -161,10 +161,27 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
         {},
     ),
     (
-        # Slow from its first step: it never ran at a pace it is slower than (no evidence).
+        # Slow from its first step: it never learned a pace of its own, so its peers are the
+        # reference; flagged within the window of its first steps (plus the warm-up samples).
         "slow from the first step, no own pace",
         {"replicas": 4, "steps": 300, "slow": slow_from(1, 0, 2.0)},
+        {1: (50, 54)},
+    ),
+    (
+        "slow from the first step, two replicas",
+        {"replicas": 2, "steps": 300, "slow": slow_from(0, 0, 3.0)},
+        {0: (50, 54)},
+    ),
+    (
+        # A slower part that stands 1.3x behind from the start learns that as its pace.
+        "1.3x behind from the first step",
+        {"replicas": 4, "steps": 400, "slow": slow_from(2, 0, 1.3), "noise": 0.1},
         {},
+    ),
+    (
+        "slow from the start and noisy peers",
+        {"replicas": 4, "steps": 300, "slow": slow_from(3, 0, 2.0), "noise": 0.3},
+        {3: (50, 60)},
     ),
     (
         # Its peers got twice as fast; it did not get slower: not a straggler.

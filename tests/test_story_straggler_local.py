@@ -1,6 +1,7 @@
-"""Local launcher: a replica slowed 2x from step 20 is detected, evicted and restarted once;
-afterwards the run steps at its normal pace, and it still ends with agreeing weights and a clean
-ledger."""
+"""Local launcher: a replica slowed 2x from its first step (its node degraded from allocation,
+so it never ran at a pace of its own) is detected within the window of its first steps, evicted
+and restarted once; afterwards the run steps at its normal pace, and it still ends with agreeing
+weights and a clean ledger."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def test_slow_replica_is_evicted_once_and_the_pace_recovers(tmp_path: Path) -> N
         extra_env={"TINY_STEP_SLEEP_S": "0.1", "PYTHONPATH": str(ROOT)},
         slow_replica=1,
         slow_factor=2.0,
+        slow_after_step=0,
         straggler_window_steps=10,
         straggler_requeue_cost_s=2.0,
         run_timeout_s=200.0,
@@ -41,6 +43,8 @@ def test_slow_replica_is_evicted_once_and_the_pace_recovers(tmp_path: Path) -> N
     assert summary.ok, summary.error or summary.ledger_problems
     evictions = [d for d in summary.straggler_decisions if d["action"] == "evict"]
     assert [d["replica"] for d in evictions] == [1]
+    # Flagged (the first decision) within the window plus the warm-up samples of its first steps.
+    assert summary.straggler_decisions[0]["step"] <= 10 + 5, summary.straggler_decisions[0]
     assert 1.6 < evictions[0]["factor"] < 2.4
     assert summary.restarts == {0: 0, 1: 1, 2: 0}
     assert [f["kind"] for f in summary.failures] == ["straggler"]

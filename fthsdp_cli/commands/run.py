@@ -123,6 +123,13 @@ def _summary_table(summary: Any) -> Table:
     help="How much slower --slow-replica computes.",
 )
 @click.option(
+    "--slow-from-step",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="The step from which --slow-replica is slow (0: its node is slow from the start).",
+)
+@click.option(
     "--straggler-window",
     type=click.IntRange(min=1),
     default=50,
@@ -166,6 +173,7 @@ def run(
     restart_delay: float,
     slow_replica: int | None,
     slow_factor: float,
+    slow_from_step: int,
     straggler_window: int,
     run_dir: Path | None,
     resume: bool,
@@ -224,6 +232,7 @@ def run(
         kill_at_step=at_step,
         slow_replica=slow_replica,
         slow_factor=slow_factor,
+        slow_after_step=slow_from_step,
         straggler_window_steps=straggler_window,
         chaos_mtbf_s=chaos_mtbf,
         seed=seed,

@@ -233,7 +233,8 @@ class LocalLauncher:
             and (
                 r.state in ("starting", "dead", "healing")
                 or r.training_since is None
-                or now - r.training_since < hold
+                # Training again after a restart; a first start is no recovery to wait out.
+                or (r.incarnation > 0 and now - r.training_since < hold)
             )
         )
 

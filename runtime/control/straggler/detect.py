@@ -7,8 +7,10 @@ its own recent pace (the median of its last `own_window` normal samples; a sampl
 against its peers than the replica stood among them at its start is not normal, so a slowdown
 that creeps in is never learned as the pace). A sample is slow only when it is `factor` times
 slower than both: a replica that got no slower while its peers sped up
-(or whose peers share one busy CPU, as on the dev cluster) is not a straggler, and a replica
-without `min_own_samples` of its own pace is no evidence yet. A replica
+(or whose peers share one busy CPU, as on the dev cluster) is not a straggler. A replica that
+has not learned a pace of its own after `min_own_samples` samples was `clear_factor` slower than
+its peers from its first steps (a node degraded from the moment it was allocated): its peers
+alone are then the reference, so it is caught within the window of its first steps. A replica
 becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
 sustained window (`window_steps` steps or `window_s` seconds, whichever comes first) with at
 least `min_fraction_above` of the episode's samples at or above `factor`. Hysteresis in level
@@ -160,6 +162,8 @@ class ReplicaTrack:
     #: Compute time / the peers' median over the incarnation's first normal samples: where it
     #: stands among them when healthy (fixed once `own_window` samples are known).
     rel: tuple[float, ...] = ()
+    #: Usable samples of this incarnation compared with its peers so far.
+    seen: int = 0
 
 
 @dataclass(frozen=True)
@@ -381,12 +385,18 @@ def observe(
     assert sample.compute_s is not None
     median = _peer_median(tracks, sample.replica, sample.received_at, config)
     own = _own_pace(old, config)
-    if median is None or median <= 0 or own is None or own <= 0:
+    seen = old.seen + (median is not None and median > 0)
+    if median is None or median <= 0 or (own is None and seen <= config.min_own_samples):
         track = replace(old, latest=sample, last_ratio=None, peer_median_s=median, own_pace_s=own)
     else:
         # Slow against the others *and* against its own recent pace: the smaller ratio counts.
-        ratio = min(sample.compute_s / median, sample.compute_s / own)
+        # A replica that never learned a pace of its own was slow against its peers from its
+        # first samples on (a node degraded from allocation): its peers are the reference.
+        ratio = sample.compute_s / median
+        if own is not None and own > 0:
+            ratio = min(ratio, sample.compute_s / own)
         track = replace(_advance(old, sample, ratio, config), peer_median_s=median, own_pace_s=own)
+    track = replace(track, seen=seen)
     if track.episode is None:
         track = _learn_normal(track, old, sample.compute_s, median, config)
     tracks[sample.replica] = track

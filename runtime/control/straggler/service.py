@@ -13,7 +13,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from runtime.control.policy import FINISHED_PHASES, Action, Requeue, RunState, StragglerEviction
+from runtime.control.policy import (
+    FINISHED_PHASES,
+    Action,
+    ReplicaState,
+    Requeue,
+    RunState,
+    StragglerEviction,
+)
 from runtime.control.straggler.detect import StragglerConfig, TimingSample, describe, stragglers
 from runtime.control.straggler.evict import EvictionConfig, StragglerDecision
 from runtime.control.straggler.monitor import StragglerMonitor
@@ -42,6 +49,11 @@ def recovering_replicas(
         if phase in _RECOVERING or handled or warming:
             out.append(k)
     return tuple(sorted(out))
+
+
+def _recovered(r: ReplicaState) -> bool:
+    """Whether the replica came back from a failure (relaunched, requeued, a new incarnation)."""
+    return bool(r.failures or r.relaunches or r.requeues or len(r.incarnations) > 1)
 
 
 class StragglerService:
@@ -106,7 +118,10 @@ class StragglerService:
                 continue
             if r.phase in _RECOVERING or r.handled is not None:
                 self._unsettled.add(k)
-            elif r.phase == "training":
+            elif r.phase == "training" and _recovered(r):
+                # The hold is for training *again*: a replica on its first start (healed at
+                # step 0 from the primary at most) has no recovery to wait out, so a node slow
+                # from the run's first step is judged from then on.
                 self._warming[k] = r.phase_since
         self._dirty = set()
         self._dirty_all = False
