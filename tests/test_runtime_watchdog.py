@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -88,3 +90,49 @@ def test_watchdog_on_simulated_node_sees_xid(tmp_path: Path) -> None:
     reason, evidence = found
     assert reason.startswith("fthsdp:")
     assert any("xid" in e.lower() or "gpu-count" in e for e in evidence), evidence
+
+
+@pytest.mark.timeout(60)
+def test_a_followed_kernel_log_wakes_the_xid_check_on_a_driver_line(tmp_path: Path) -> None:
+    """With a periodic pass a minute away, only the follower can see the Xid: a line of another
+    subsystem runs no check, a driver line runs the Xid check alone, and the fault fires once."""
+    pytest.importorskip("inotify_simple")
+    kern = tmp_path / "kern.log"
+    kern.write_text("[  1.0] boot\n")
+    calls: list[list[str]] = []
+    faults: list[tuple[str, list[str]]] = []
+    seen = threading.Event()
+
+    def fake_checks(only: list[str], **_: object) -> SimpleNamespace:
+        calls.append(list(only))
+        seen.set()
+        bad = "NVRM: Xid" in kern.read_text()
+        checks = [SimpleNamespace(name="xid", status="fail" if bad else "pass", detail="Xid 79")]
+        return SimpleNamespace(healthy=not bad, checks=checks, drain_reason="fthsdp: xid: 79")
+
+    dog = NodeWatchdog(
+        ["xid", "ecc"],
+        lambda r, e: faults.append((r, e)),
+        interval_s=60,
+        run_checks=fake_checks,
+        options={"kernel_log": kern},
+    )
+    assert dog.follower is not None
+    dog.start()
+    try:
+        time.sleep(0.3)  # the follower's watch is in place (a miss only slows the test)
+        with kern.open("a") as f:
+            f.write("[  2.0] usb 1-1: new device\n")
+        assert not seen.wait(1.0), calls
+        t0 = time.monotonic()
+        with kern.open("a") as f:
+            f.write("[  3.0] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, GPU has fallen off the bus.\n")
+        deadline = t0 + 10
+        while not faults and time.monotonic() < deadline:
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+    finally:
+        dog.stop()
+    assert faults == [("fthsdp: xid: 79", ["xid: Xid 79"])]
+    assert calls == [["xid"]]
+    assert took < 5.0  # a minute before the periodic pass; ~0.1 s unloaded
