@@ -201,7 +201,8 @@ def _target(
     required=True,
     help="xid79/ecc/nvlink/ib change the node's simulated hardware; kill kills its replica "
     "processes with no hardware sign; slow[=FACTOR] (default 2) makes its replica ranks that "
-    "much slower (a straggler).",
+    "much slower (a straggler); down is a power loss: the node's slurmd and every process of "
+    "its jobs are killed at once and Slurm finds the node down by itself ('heal' boots it).",
 )
 @_gpus_option
 def inject(
@@ -216,6 +217,12 @@ def inject(
     from runtime.control.inject import inject as do_inject
 
     cfg, root, gpus_per_node = _target(directory, hardware_root, node, fault, gpus)
+    if fault == "down":
+        from slurm.devcluster.power import power_off
+
+        killed = power_off(cfg, node)
+        click.echo(f"{node}: powered off, {len(killed)} processes killed (slurmd first)")
+        return
     result = do_inject(root, node, fault, gpus_per_node, slurm_conf=cfg.conf_path)
     if fault == "kill":
         click.echo(f"{node}: killed {len(result)} replica processes {' '.join(result)}".rstrip())
@@ -229,12 +236,24 @@ def inject(
 @click.argument("node")
 @_gpus_option
 def heal(directory: Path, hardware_root: Path | None, node: str, gpus: int | None) -> None:
-    """Restore NODE's simulated hardware to healthy (the HealthCheckProgram resumes it)."""
+    """Boot NODE again if it was powered off (`inject --fault down`) and restore its simulated
+    hardware to healthy (the HealthCheckProgram resumes it)."""
     from runtime.control.inject import heal as do_heal
+    from slurm.devcluster.daemons import live_daemons
+    from slurm.devcluster.power import power_on
 
-    _, root, gpus_per_node = _target(directory, hardware_root, node, None, gpus)
-    do_heal(root, node, gpus_per_node)
-    click.echo(f"{node}: healthy ({root / node})")
+    cfg, root, gpus_per_node = _target(directory, hardware_root, node, None, gpus)
+    if cfg.health:
+        do_heal(root, node, gpus_per_node)
+    live = live_daemons(cfg)
+    if "slurmctld" in live and f"slurmd {node}" not in live:
+        click.echo(f"{node}: booted, slurmd pid {power_on(cfg, node)}")
+    elif not cfg.health:
+        raise InputError(
+            "NODE", node, "is up and the cluster has no simulated hardware: nothing to heal"
+        )
+    if cfg.health:
+        click.echo(f"{node}: healthy ({root / node})")
 
 
 __all__ = ["EnvironmentProblem", "cluster"]

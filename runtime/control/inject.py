@@ -35,7 +35,7 @@ from prolog_epilog.simulated_hardware import write_node_inputs
 from slurm import contract
 from slurm.errors import InputError
 
-FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill", "slow")
+FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill", "slow", "down")
 SLOW_FILE = "slow"
 DEFAULT_SLOW_FACTOR = 2.0
 FAULTS_FILE = "faults.json"
@@ -75,8 +75,8 @@ def check_target(
         raise InputError(
             "NODE", node, f"a node of the dev cluster in {cluster_dir}: {', '.join(nodes)}"
         )
-    if fault is not None and fault_name(fault) == "kill":
-        return
+    if fault is None or fault_name(fault) in ("kill", "down"):
+        return  # processes, not simulated hardware; `heal` heals hardware only where it exists
     if not health:
         raise InputError(
             "--dir",
