@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 from prolog_epilog.simulated_hardware import FAULTS as HARDWARE_FAULTS
 from prolog_epilog.simulated_hardware import write_node_inputs
 from slurm import contract
+from slurm.devcluster.power import sigkill
 from slurm.errors import InputError
 
 FAULTS = ("xid79", "ecc", "nvlink", "ib", "kill", "slow", "down")
@@ -176,11 +176,4 @@ def replica_processes(node: str, slurm_conf: Path) -> Iterator[int]:
 
 
 def kill_replica_processes(node: str, slurm_conf: Path) -> list[int]:
-    killed = []
-    for pid in replica_processes(node, slurm_conf):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-        killed.append(pid)
-    return killed
+    return sigkill(replica_processes(node, slurm_conf))

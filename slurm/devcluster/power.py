@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from slurm.devcluster.config import DevClusterConfig
@@ -100,16 +100,21 @@ def node_processes(cfg: DevClusterConfig, node: str) -> list[int]:
     return ([daemon] if daemon else []) + steps + jobs
 
 
-def power_off(cfg: DevClusterConfig, node: str) -> list[int]:
-    """SIGKILL everything on `node` at once, as a power loss would; the pids killed."""
+def sigkill(pids: Iterable[int]) -> list[int]:
+    """SIGKILL each pid in turn; the ones that were still there to kill."""
     killed = []
-    for pid in node_processes(cfg, node):
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue
         killed.append(pid)
     return killed
+
+
+def power_off(cfg: DevClusterConfig, node: str) -> list[int]:
+    """SIGKILL everything on `node` at once, as a power loss would; the pids killed."""
+    return sigkill(node_processes(cfg, node))
 
 
 def power_on(cfg: DevClusterConfig, node: str, timeout: float = 60) -> int:
