@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +174,20 @@ def request_requeue(
     return {"via": "slurm", "job_id": job_id, "drained": drained}
 
 
+def escaped(text: str) -> str:
+    """`text` with every character outside printable ASCII written as a Python escape (`\\x1b`,
+    `\\u202e`, `\\n`): what a report carried stays visible, and no terminal acts on it."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in text)
+
+
 def journal_entries(run_dir: Path) -> list[JournalEntry]:
+    """The journal's entries, oldest first, their text escaped for a terminal (`escaped`)."""
     path = Path(run_dir) / JOURNAL_FILE
     if not path.exists():
         raise InputError("RUN_DIR", str(run_dir), f"a run directory with {JOURNAL_FILE}")
     journal = Journal(path)
     try:
-        return journal.entries()
+        entries = journal.entries()
     finally:
         journal.close()
+    return [replace(e, kind=escaped(e.kind), text=escaped(e.text)) for e in entries]
