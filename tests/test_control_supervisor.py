@@ -191,7 +191,9 @@ def test_sigterm_from_slurm_never_requeues(
     argv += ["--replica", "1", "--", "sleep", "30"]
     proc = subprocess.Popen(argv, env=env)
     try:
-        time.sleep(1.5)  # let it start its step
+        # It waits for the control plane with its handler in place, and asks Slurm about the
+        # control job from there.
+        wait_for(lambda: calls(root, "squeue"), 60, "the supervisor's wait")
         proc.send_signal(signal.SIGTERM)  # what scancel does to the batch script
         assert proc.wait(20) == 75
     finally:
