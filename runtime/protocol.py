@@ -2,8 +2,10 @@
 
 This module is the protocol's one home: the messages (`ReplicaReport`, `RequeueRequest`), their
 field validation, the exit codes, the per-replica keys (`derive_key`, `replica_key_id`) and the
-request signature (`sign`, `verify`, `signed_headers`, `check_fresh`). The run secret the keys
-derive from is the run directory's (`slurm.rundir.secret`).
+request signature (`sign`, `verify`, `signed_headers`, `check_fresh`), the coordinator's signed
+answers (`answer_headers`, `verify_answer`) and the directive a supervisor acts on
+(`DirectiveAnswer`). The run secret the keys derive from is the run directory's
+(`slurm.rundir.secret`).
 
 Group rank 0 of each replica sends a `ReplicaReport` every few steps and a final one, with the
 failure classified, when it dies. The coordinator acts on these reports (requeue a job, drain a
@@ -13,6 +15,13 @@ path, timestamp, nonce and body (`sign`). The coordinator rejects a request whos
 wrong, whose timestamp is outside a window, or whose nonce it has seen (a replay), and a report
 whose fields are not all of the documented type, size and range (`ReplicaReport.from_dict`).
 The exit codes below are the worker's contract with the replica job's supervisor.
+
+The answers go the other way and are signed too: whoever answers at `control.json`'s address
+(the port is free while the control job is requeued, and the traffic is plain HTTP) must not be
+able to end a replica with `{"directive": "exit"}`. The coordinator's answer to a signed request
+carries a MAC under the same key, over the request's method, path and nonce and the answer's
+body (`answer_headers`); the supervisor acts only on an answer whose MAC verifies for the nonce
+it sent itself, with every field in range (`DirectiveAnswer.from_answer`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ SIGNATURE_HEADER = "X-Fthsdp-Signature"
 KEY_HEADER = "X-Fthsdp-Key"
 TIMESTAMP_HEADER = "X-Fthsdp-Timestamp"
 NONCE_HEADER = "X-Fthsdp-Nonce"
+#: The MAC of the coordinator's answer (`answer_headers`).
+ANSWER_HEADER = "X-Fthsdp-Answer-Signature"
 #: Reports older or newer than this (seconds, wall clock) are refused as stale.
 MAX_CLOCK_SKEW_S = 300
 #: Bodies larger than this are refused before parsing.
@@ -377,3 +388,75 @@ def verify(
         raise SignatureError("bad signature")
     check_fresh(timestamp, now)
     return nonce
+
+
+def _answer_mac(key: bytes, method: str, path: str, nonce: str, body: bytes) -> str:
+    # The leading tag keeps an answer's MAC from ever equalling a request's under the same key.
+    head = "\n".join(("fthsdp-answer", method.upper(), path, nonce)).encode()
+    return hmac.new(key, head + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def answer_headers(key: bytes, method: str, path: str, nonce: str, body: bytes) -> dict[str, str]:
+    """The header that authenticates the coordinator's answer `body` to the signed request
+    `method path` with `nonce`: an answer cannot be replayed to another request or endpoint."""
+    return {ANSWER_HEADER: _answer_mac(key, method, path, nonce, body)}
+
+
+def verify_answer(
+    key: bytes, method: str, path: str, nonce: str, body: bytes, headers: Any
+) -> None:
+    """Check that `body` answers our request `method path` with `nonce`; `SignatureError` if not."""
+    given = headers.get(ANSWER_HEADER) if headers is not None else None
+    if not isinstance(given, str) or len(given) != 64 or not given.isascii():
+        raise SignatureError("answer not signed")
+    if not hmac.compare_digest(_answer_mac(key, method, path, nonce, body), given):
+        raise SignatureError("bad answer signature")
+
+
+#: What a supervisor may be told after its step ended (`runtime.control.supervisor`).
+DIRECTIVES = ("continue", "relaunch", "requeue", "exit")
+#: The longest wait before a relaunch a directive may ask for; the coordinator caps its backoff
+#: here, and a supervisor refuses a longer one.
+MAX_DIRECTIVE_DELAY_S = 3600.0
+
+
+@dataclass(frozen=True)
+class DirectiveAnswer:
+    """The answer to `GET /v1/replicas/{k}/directive`, for the epoch (restarts, launch) asked."""
+
+    directive: str
+    delay_s: float
+    restarts: int
+    launch: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_answer(cls, body: bytes, restarts: int, launch: int) -> DirectiveAnswer:
+        """The answer in `body`, for the epoch asked about; `ValueError` for anything else (not
+        JSON, NaN, a directive outside `DIRECTIVES`, a delay outside 0..MAX_DIRECTIVE_DELAY_S,
+        another epoch)."""
+        data = json.loads(body, parse_constant=_no_constant)
+        if not isinstance(data, dict):
+            raise ValueError("the answer is not a JSON object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown answer fields: {sorted(unknown)[:5]}")
+        found = cls(
+            directive=_choice(data, "directive", DIRECTIVES, None),
+            delay_s=_number(data, "delay_s", 0.0, MAX_DIRECTIVE_DELAY_S, default=0.0) or 0.0,
+            restarts=_int(data, "restarts", 0, MAX_INT, required=True),
+            launch=_int(data, "launch", 0, MAX_INT, required=True),
+        )
+        if found.directive is None:
+            raise ValueError("field 'directive' is required")
+        if (found.restarts, found.launch) != (restarts, launch):
+            raise ValueError(
+                f"answer for epoch {found.restarts}.{found.launch}, not {restarts}.{launch}"
+            )
+        return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")

@@ -49,6 +49,7 @@ from slurm.rundir import (
     Slot,
     archive_state,
     check_resubmit,
+    check_run_dir,
     create_secret,
     new_record,
     restore_archive,
@@ -166,6 +167,7 @@ def submit_run(
 ) -> RunRecord:
     """Render, write and submit every job of `spec`; return what was recorded in jobs.json."""
     run = spec.run_dir
+    check_run_dir(run, "job.run_dir")  # nobody else may be able to replace what we submit
     require_topology_support(spec)  # before anything is queued: sbatch < 24.05 lacks --segment
     earlier = check_resubmit(run, backend, force=force)
     if check_cluster:

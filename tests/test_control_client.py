@@ -1,8 +1,18 @@
-"""`runtime.control.client`: the status merge of the coordinator's view and Slurm's, as a table."""
+"""`runtime.control.client`: the status merge of the coordinator's view and Slurm's, as a table,
+and the journal's lines escaped for a terminal."""
 
 from __future__ import annotations
 
-from runtime.control.client import merge_status
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from fthsdp_cli.main import cli
+from runtime.control.client import escaped, merge_status
+from runtime.control.journal.schema import JOURNAL_FILE
+from runtime.control.journal.store import Journal
+from runtime.control.policy import ReportReceived
+from runtime.protocol import ReplicaReport
 from slurm.backend import NodeInfo
 
 
@@ -50,3 +60,24 @@ def test_merge_status_prefers_the_coordinator_and_lists_our_drains() -> None:
     without = merge_status(base, None, [])
     assert [r["state"] for r in without["replicas"]] == ["starting", "pending"]
     assert without["coordinator"] is None
+
+
+def test_events_escapes_what_a_report_carried(tmp_path: Path) -> None:
+    # A leader's last_error reaches the journal as it was sent; `fthsdp events` shows it
+    # escaped, so no terminal acts on it, in both its text and its JSON lines.
+    journal = Journal(tmp_path / JOURNAL_FILE)
+    hostile = "\x1b]0;owned\x07\x1b[2J\u202egpu\nlost\x9b31m"
+    rep = ReplicaReport(
+        replica=1, incarnation="i", seq=1, kind="fatal", job_id="101", failure="node",
+        failed_node="node2", last_error=hostile,
+    )  # fmt: skip
+    try:
+        journal.record(ReportReceived(rep, 5.0), [], nonce="ab" * 12)
+    finally:
+        journal.close()
+    for args in ([], ["--json"]):
+        r = CliRunner().invoke(cli, ["events", str(tmp_path), *args])
+        assert r.exit_code == 0, r.output
+        assert all(c == "\n" or " " <= c <= "~" for c in r.output), repr(r.output)
+        assert "owned" in r.output and "\\x1b" in r.output
+    assert escaped(hostile) == "\\x1b]0;owned\\x07\\x1b[2J\\u202egpu\\nlost\\x9b31m"

@@ -116,8 +116,12 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
                     break
                 await asyncio.sleep(0.05)
             results["calls"] = list(backend.calls)
-            async with http.get(running.url + "/v1/replicas/1/directive?job=101") as resp:
+            path = "/v1/replicas/1/directive?job=101"
+            asked = sign(secret, replica_key_id(1), "GET", path)
+            async with http.get(running.url + path, headers=asked) as resp:
                 results["directive"] = await resp.json()
+            async with http.get(running.url + path) as resp:
+                results["unsigned_directive"] = resp.status
             async with http.get(running.url + "/v1/state") as resp:
                 results["unsigned_state"] = resp.status
         results["refusals"] = running.coordinator.refusals.snapshot()
@@ -144,7 +148,7 @@ def test_refusals_change_nothing_and_are_not_journaled(tmp_path: Path) -> None:
     assert res["calls_after_refusals"] == []
     # Refusals are counted in memory, never written to the journal.
     assert res["rejections"] == []
-    assert sum(res["refusals"].values()) == len(statuses) + 4
+    assert sum(res["refusals"].values()) == len(statuses) + 5  # + replays, unsigned reads
     # The authentic report acts once; replaying it (as-is or with a fresh signature over the
     # same nonce) is refused.
     assert res["accepted"] == 200
@@ -156,7 +160,8 @@ def test_refusals_change_nothing_and_are_not_journaled(tmp_path: Path) -> None:
         ("requeue", "101"),
         ("release", "101"),
     ]
-    assert res["directive"] == {"directive": "requeue", "delay_s": 0.0}
+    assert res["directive"] == {"directive": "requeue", "delay_s": 0.0, "restarts": 0, "launch": 0}
+    assert res["unsigned_directive"] == 401
     assert res["unsigned_state"] == 401
 
 

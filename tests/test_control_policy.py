@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from prolog_epilog.actions import drain_kind
 from runtime.control.policy import (
     Cancel,
     CoordinatorStarted,
@@ -31,6 +32,7 @@ from runtime.control.policy import (
     step,
 )
 from runtime.protocol import ExitCode, ReplicaReport
+from slurm.backend import REASON_MAX
 
 JOBS = {0: "100", 1: "101", 2: "102"}
 CFG = PolicyConfig(replicas=3, min_replicas=2, max_restarts_per_replica=2, report_timeout_s=30.0)
@@ -335,11 +337,44 @@ def test_events_and_actions_round_trip() -> None:
     assert [action_from_dict(action_to_dict(a)) for a in acts] == acts  # type: ignore[arg-type]
 
 
-def test_health_check_reason_is_kept_as_the_drain_reason() -> None:
+@pytest.mark.parametrize(
+    ("last_error", "reason"),
+    [
+        # A health check's drain reason from the watchdog: its text is the detail.
+        ("fthsdp: xid: Xid 79 0000:db:00", "fthsdp: fault: xid: Xid 79 0000:db:00"),
+        # A leader may not choose the kind: `manual` would never be resumed by itself.
+        ("fthsdp: manual: keep this node", "fthsdp: fault: manual: keep this node"),
+        ("fthsdp:straggler: 9x", "fthsdp: fault: straggler: 9x"),
+        ("fthsdp: silent: ", "fthsdp: fault: silent:"),
+        # Terminal escapes, control characters, quotes and other lines are reduced away.
+        ("\x1b[2J\x1b]0;pwned\x07gpu\r\nfell off", "fthsdp: fault: [2J ]0;pwned gpu fell off"),
+        ('say "drain" \\ \'now\'', "fthsdp: fault: say drain now"),
+        ("GPU\u00a0lost \u202e\u00e9", "fthsdp: fault: GPU lost"),
+        ("\x00\x1b", "fthsdp: fault: "),
+        ("x" * 5000, "fthsdp: fault: " + "x" * (REASON_MAX - len("fthsdp: fault: "))),
+    ],
+    ids=["health-check", "manual", "straggler", "silent", "escapes", "quotes", "unicode",
+         "nothing-left", "long"],
+)  # fmt: skip
+def test_a_leader_gives_only_the_drain_reasons_detail(last_error: str, reason: str) -> None:
     ev = fatal(1, 2, 5.0, "node", "node2")
-    ev.report.last_error = "fthsdp: xid: Xid 79 0000:db:00"
-    _, per = run([*WARM, ev])
-    assert Drain("node2", "fthsdp: xid: Xid 79 0000:db:00", 1) in per[-1]
+    ev.report.last_error = last_error
+    state, per = run([*WARM, ev])
+    drains = [a for a in per[-1] if isinstance(a, Drain)]
+    assert drains == [Drain("node2", reason, 1)]
+    assert drain_kind(drains[0].reason) == "fault"
+    assert state.drained == {"node2": reason}
+    assert all(" " <= c <= "~" for c in reason) and len(reason) <= REASON_MAX
+
+
+def test_the_policy_kinds_stay_its_own() -> None:
+    # The operator's (signed) requeue and a straggler keep their kinds, the detail printable.
+    _, per = run([*WARM, OperatorRequeue(2, 9.0, "node3", "fan \x1b[5m")])
+    assert [a for a in per[-1] if isinstance(a, Drain)] == [
+        Drain("node3", "fthsdp: manual: fan [5m", 2)
+    ]
+    _, per = run([*WARM, StragglerEviction(1, 5.0, "node2", "node2 2.0x")])
+    assert drain_kind(next(a for a in per[-1] if isinstance(a, Drain)).reason) == "straggler"
 
 
 @pytest.mark.parametrize(

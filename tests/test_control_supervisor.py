@@ -2,16 +2,20 @@
 the coordinator's requeue, and with no coordinator the job requeues itself. It launches only
 once the control plane is up: it waits for a late one, stops (exit 3, nothing counted, nothing
 requeued) when the control job ended first, and launches a step that could not reach the quorum
-service again without counting a failure."""
+service again without counting a failure. An answer the coordinator did not sign for the
+supervisor's own request (an impostor at its address) is treated as no answer at all."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,8 @@ from control_harness import (  # noqa: F401
     set_jobs,
     wait_for,
 )
+
+from slurm.rundir import create_secret, write_control_file
 
 # Fails the first launch with the given code, succeeds on the next one.
 STEP = 'echo "$FTHSDP_LAUNCH $FTHSDP_INCARNATION" >> "$1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit "$2"'
@@ -185,7 +191,9 @@ def test_sigterm_from_slurm_never_requeues(
     argv += ["--replica", "1", "--", "sleep", "30"]
     proc = subprocess.Popen(argv, env=env)
     try:
-        time.sleep(1.5)  # let it start its step
+        # It waits for the control plane with its handler in place, and asks Slurm about the
+        # control job from there.
+        wait_for(lambda: calls(root, "squeue"), 60, "the supervisor's wait")
         proc.send_signal(signal.SIGTERM)  # what scancel does to the batch script
         assert proc.wait(20) == 75
     finally:
@@ -193,3 +201,74 @@ def test_sigterm_from_slurm_never_requeues(
             proc.kill()
             proc.wait()
     assert calls(root, "scontrol requeue") == []
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """Whoever answers at control.json's address: accepts every report, then sends the
+    directive the test chose, without the coordinator's signature."""
+
+    answer = b""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._send(b'{"ok": true, "directive": "exit", "phase": "out"}')
+
+    def do_GET(self) -> None:
+        self._send(self.answer)
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def impostor(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> Iterator[tuple[Path, Path, dict[str, str], type[_Impostor]]]:
+    """The run with an impostor at control.json's coordinator address (its port is free while
+    the control job is requeued, and the traffic is plain HTTP)."""
+    run_dir, root, env, _ = live_run
+    create_secret(run_dir / "secret")
+    handler = type("Impostor", (_Impostor,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        write_control_file(run_dir, {"coordinator": url, "lighthouse": None})
+        yield run_dir, root, env, handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"directive": "exit"}',
+        b'{"directive": "relaunch", "delay_s": NaN}',
+        b'{"directive": "exit", "delay_s": 0.0, "restarts": 0, "launch": 0}',
+    ],
+    ids=["exit", "nan-delay", "exit-for-this-epoch"],
+)
+def test_an_unsigned_directive_is_no_answer(
+    impostor: tuple[Path, Path, dict[str, str], type[_Impostor]], answer: bytes
+) -> None:
+    # The supervisor neither leaves for good nor crashes: no answer it can verify came, so it
+    # does what it does when the coordinator is unreachable (requeue its own job, exit 75).
+    run_dir, root, env, handler = impostor
+    handler.answer = answer
+    r = supervise(env, run_dir, 10)
+    assert r.returncode == 75, r.stderr
+    assert launches(run_dir) == ["0 101.0.0"]
+    assert calls(root, "scontrol requeue") == ["scontrol requeue 101"]
+    assert "answer not signed" in r.stderr
+    assert "Traceback" not in r.stderr

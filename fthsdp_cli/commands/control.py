@@ -311,12 +311,13 @@ def replica(
     from runtime.control.supervisor.config import SupervisorConfig
     from runtime.control.supervisor.loop import Supervisor
     from slurm.errors import InputError
-    from slurm.rundir import read_control
+    from slurm.rundir import check_run_dir, read_control
 
     if replica < 0:
         raise InputError("--replica", replica, "a replica index >= 0")
     if not command:
         raise InputError("COMMAND", "", "the replica's step to run, e.g. -- srun ...")
+    check_run_dir(run_dir)
     read_control(run_dir)  # a corrupt control file stops here, not in a requeue loop
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = SupervisorConfig.from_env(run_dir.resolve(), replica, list(command))

@@ -3,7 +3,10 @@
 `fthsdp status`, `fthsdp requeue` and `fthsdp events` call these. The coordinator's address comes
 from `run_dir/control.json`; when the coordinator cannot be reached, status falls back to Slurm's
 view alone and requeue acts on Slurm directly through `slurm.backend` (and says so), so an
-operator is never stuck behind a dead control job.
+operator is never stuck behind a dead control job. An answer is believed only when it is signed
+for the request's own nonce under the control key (`runtime.protocol.verify_answer`); a status
+answer that is not is treated as no coordinator. The journal's text is escaped before anyone
+prints it (`journal_entries`): a leader's report may carry any characters.
 """
 
 from __future__ import annotations
@@ -11,13 +14,22 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from runtime.control.journal.describe import JournalEntry
 from runtime.control.journal.schema import JOURNAL_FILE
 from runtime.control.journal.store import Journal
-from runtime.protocol import CONTROL_KEY, sign
+from runtime.protocol import (
+    CONTROL_KEY,
+    MAX_REPORT_BYTES,
+    NONCE_HEADER,
+    SignatureError,
+    derive_key,
+    sign,
+    verify_answer,
+)
 from slurm.backend import NodeInfo, SlurmBackend, check_node_name, drain_reason
 from slurm.errors import InputError
 from slurm.hostlist import job_nodes
@@ -44,18 +56,26 @@ def fetch_state(run_dir: Path, timeout: float = 2.0) -> dict[str, Any] | None:
         secret = read_secret(Path(run_dir) / "secret")
     except OSError:
         return None
-    req = urllib.request.Request(
-        url + "/v1/state", headers=sign(secret, CONTROL_KEY, "GET", "/v1/state")
-    )
+    headers = sign(secret, CONTROL_KEY, "GET", "/v1/state")
+    req = urllib.request.Request(url + "/v1/state", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data = json.loads(resp.read())
-    except (OSError, ValueError):
+            raw = resp.read(_STATE_MAX + 1)
+            key = derive_key(secret, CONTROL_KEY)
+            verify_answer(key, "GET", "/v1/state", headers[NONCE_HEADER], raw, resp.headers)
+        if len(raw) > _STATE_MAX:
+            return None
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):  # SignatureError is a ValueError
         return None
     if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
         return None
     data["url"] = url
     return data
+
+
+#: The largest `/v1/state` answer read (a run of 100,000 replicas is well under it).
+_STATE_MAX = 512 * 1024 * 1024
 
 
 def merge_status(
@@ -124,16 +144,22 @@ def request_requeue(
         req = urllib.request.Request(url + "/v1/requeue", data=body, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                answer = json.loads(resp.read())
-            return {"via": "coordinator", "job_id": answer.get("job_id") or job_id}
+                raw = resp.read(MAX_REPORT_BYTES + 1)
+                answer_headers = resp.headers
+            key = derive_key(secret, CONTROL_KEY)
+            nonce = headers[NONCE_HEADER]
+            verify_answer(key, "POST", "/v1/requeue", nonce, raw, answer_headers)
+            answer = json.loads(raw)
+            found = answer.get("job_id") if isinstance(answer, dict) else None
+            return {"via": "coordinator", "job_id": found if isinstance(found, str) else job_id}
         except urllib.error.HTTPError as exc:
             if 400 <= exc.code < 500:
-                detail = exc.read().decode(errors="replace")
+                detail = exc.read(2000).decode(errors="replace")
                 raise InputError(
                     "--replica", replica, f"refused by the coordinator: {detail}"
                 ) from None
-        except OSError:
-            pass
+        except (OSError, SignatureError, ValueError, RecursionError):
+            pass  # no coordinator, or an answer it did not sign: act on Slurm directly
     if drain:
         # As through the coordinator: only a node Slurm lists for this replica's job.
         check_node_name(drain, "drain")
@@ -148,12 +174,20 @@ def request_requeue(
     return {"via": "slurm", "job_id": job_id, "drained": drained}
 
 
+def escaped(text: str) -> str:
+    """`text` with every character outside printable ASCII written as a Python escape (`\\x1b`,
+    `\\u202e`, `\\n`): what a report carried stays visible, and no terminal acts on it."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in text)
+
+
 def journal_entries(run_dir: Path) -> list[JournalEntry]:
+    """The journal's entries, oldest first, their text escaped for a terminal (`escaped`)."""
     path = Path(run_dir) / JOURNAL_FILE
     if not path.exists():
         raise InputError("RUN_DIR", str(run_dir), f"a run directory with {JOURNAL_FILE}")
     journal = Journal(path)
     try:
-        return journal.entries()
+        entries = journal.entries()
     finally:
         journal.close()
+    return [replace(e, kind=escaped(e.kind), text=escaped(e.text)) for e in entries]

@@ -11,13 +11,15 @@ turns requests into its events and its state into answers (aiohttp; no hand-writ
 - `POST /v1/requeue`: a `RequeueRequest` signed with the control key (`fthsdp requeue`).
 - `GET /v1/replicas/{k}/directive?job=J&restarts=R&launch=L`: what the replica's supervisor does
   after its srun step ended: `relaunch`, `requeue` (exit; the coordinator requeues the job),
-  `exit` (for good) or `continue` (no decision yet). Unsigned: read-only, and a directive
-  only tells a supervisor of that very job what the coordinator already decided.
+  `exit` (for good) or `continue` (no decision yet). Signed with that replica's key, like its
+  reports.
 - `GET /v1/state`: the run's state for `fthsdp status`, signed with the control key.
 - `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`); with a bearer
   token when the control job was given one (`--metrics-token-file`).
 
-Every connection serves one request and sits behind `runtime.control.guard` (header and body
+Every answer to a signed request is signed back under the same key, over the request's method,
+path and nonce (`runtime.protocol.answer_headers`): a supervisor acts on no answer it cannot
+verify. Every connection serves one request and sits behind `runtime.control.guard` (header and body
 deadlines, a connection cap that evicts half-open connections first). The service binds to the
 job node's address unless told otherwise (`own_address`); it never listens on all interfaces
 by default.
@@ -50,11 +52,14 @@ from runtime.control.settings import CoordinatorConfig
 from runtime.protocol import (
     CONTROL_KEY,
     JOB_ID,
+    MAX_DIRECTIVE_DELAY_S,
     MAX_INT,
     MAX_REPORT_BYTES,
+    DirectiveAnswer,
     ReplicaReport,
     RequeueRequest,
     SignatureError,
+    answer_headers,
     replica_key_id,
     signed_headers,
     verify,
@@ -139,6 +144,22 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
     return key_id, nonce, body
 
 
+def _answer(
+    coord: Coordinator, request: web.Request, key_id: str, nonce: str, body: bytes
+) -> web.Response:
+    """A JSON answer to a signed request, signed under the request's key for its nonce."""
+    signature = answer_headers(
+        coord.auth.key(key_id), request.method, request.raw_path, nonce, body
+    )
+    return web.Response(body=body, content_type="application/json", headers=signature)
+
+
+def _json_answer(
+    coord: Coordinator, request: web.Request, key_id: str, nonce: str, data: Any
+) -> web.Response:
+    return _answer(coord, request, key_id, nonce, json.dumps(data).encode())
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
@@ -213,13 +234,14 @@ async def post_report(request: web.Request) -> web.Response:
         return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
     await coord.after_report(report)
     r = coord.state.replicas[report.replica]
-    return web.json_response({"ok": True, "directive": r.directive, "phase": r.phase})
+    answer = {"ok": True, "directive": r.directive, "phase": r.phase}
+    return _json_answer(coord, request, key_id, nonce, answer)
 
 
 async def post_requeue(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR_KEY]
     try:
-        _, nonce, body = await _signed(request, coord, "control")
+        key_id, nonce, body = await _signed(request, coord, "control")
         try:
             req = RequeueRequest.from_dict(_json_object(body))
         except (ValueError, TypeError) as exc:
@@ -246,7 +268,8 @@ async def post_requeue(request: web.Request) -> web.Response:
             return _refuse(coord, request, 409, "replayed nonce")
     except JournalUnavailable as exc:
         return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
-    return web.json_response({"ok": True, "job_id": coord.state.replicas[req.replica].job_id})
+    answer = {"ok": True, "job_id": coord.state.replicas[req.replica].job_id}
+    return _json_answer(coord, request, key_id, nonce, answer)
 
 
 async def get_directive(request: web.Request) -> web.Response:
@@ -262,21 +285,30 @@ async def get_directive(request: web.Request) -> web.Response:
             raise ValueError(restarts)
     except ValueError:
         return _refuse(coord, request, 400, "bad replica/job/restarts/launch")
+    try:
+        key_id, nonce, body = await _signed(request, coord, "replica")
+        if key_id != replica_key_id(replica):
+            raise _Refused(403, f"key {key_id} may not ask for replica {replica}'s directive")
+        if body:
+            raise _Refused(400, "GET directive takes no body")
+    except _Refused as exc:
+        return _refuse(coord, request, exc.status, exc.reason)
     if replica not in coord.state.replicas:
         return _refuse(coord, request, 404, f"unknown replica {replica}")
     directive, delay = directive_for(coord.state, replica, job, restarts, launch)
-    return web.json_response({"directive": directive, "delay_s": delay})
+    answer = DirectiveAnswer(directive, min(delay, MAX_DIRECTIVE_DELAY_S), restarts, launch)
+    return _answer(coord, request, key_id, nonce, answer.to_json())
 
 
 async def get_state(request: web.Request) -> web.Response:
     coord = request.app[COORDINATOR_KEY]
     try:
-        _, _, body = await _signed(request, coord, "control")
+        key_id, nonce, body = await _signed(request, coord, "control")
         if body:
             raise _Refused(400, "GET /v1/state takes no body")
     except _Refused as exc:
         return _refuse(coord, request, exc.status, exc.reason)
-    return web.json_response(coord.state_view())
+    return _json_answer(coord, request, key_id, nonce, coord.state_view())
 
 
 def make_app(coord: Coordinator) -> web.Application:

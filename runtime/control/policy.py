@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from runtime.protocol import ExitCode, ReplicaReport
-from slurm.backend import DRAIN_PREFIX, REASON_MAX, drain_reason
+from slurm.backend import DRAIN_PREFIX, drain_reason
+from slurm.drain_request import printable
 
 Phase = Literal[
     "pending", "starting", "training", "healing", "restarting", "requeued", "out", "done", "ended"
@@ -485,9 +486,13 @@ def _drain(
             actions.append(Note(r.replica, f"failed node {node!r} is not one of {r.nodes}"))
             return
         node = r.nodes[0]
-    # A detail that already is a drain reason (a failed health check's) is used as it is.
-    reason = drain_reason(check, detail) if not detail.startswith(DRAIN_PREFIX) else detail
-    reason = reason.replace("\n", " ")[:REASON_MAX]
+    # The policy chose the kind (`check`); the detail (a leader's text, perhaps a health
+    # check's drain reason) is only shown: printable ASCII, and a kind it names is part of it.
+    # So no report picks a kind (`manual` is never resumed by itself) or sends escapes to sinfo.
+    text = printable(detail)
+    if text.startswith(DRAIN_PREFIX):
+        text = text[len(DRAIN_PREFIX) :].strip()
+    reason = drain_reason(check, text)
     if state.drained.get(node) != reason:
         state.drained[node] = reason
         actions.append(Drain(node, reason, r.replica))

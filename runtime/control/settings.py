@@ -9,7 +9,6 @@ it. Kept apart from the coordinator's event core so that reading a spec never ne
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from runtime.control.policy import PolicyConfig
 from runtime.control.straggler.detect import StragglerConfig
 from runtime.control.straggler.evict import EvictionConfig
 from slurm.errors import InputError
-from slurm.rundir import read_job_ids, read_spec_data
+from slurm.rundir import read_job_ids, read_json, read_spec_data
 
 RUN_FILE = "run.json"
 
@@ -121,8 +120,10 @@ def load_run_settings(run_dir: Path) -> RunSettings:
         except ValueError as exc:
             raise InputError("train.straggler_requeue_cost_s", eviction, str(exc)) from None
     run_file = run_dir / RUN_FILE
-    if run_file.exists():
-        raw = json.loads(run_file.read_text())
+    raw = read_json(run_file)  # a trusted run file, like spec.json
+    if raw is not None:
+        if not isinstance(raw, dict):
+            raise InputError(str(run_file), type(raw).__name__, "a JSON object")
         allowed = {f.name for f in fields(PolicyConfig)}
         settings.update({k: v for k, v in raw.items() if k in allowed})
     if "replicas" not in settings:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurm.rundir import check_run_dir
+
 #: Run-directory entries a fresh local run clears (durable checkpoints are kept with --resume).
 RUN_STATE = (
     "progress",
@@ -31,7 +33,9 @@ LOCAL_SUBDIR = "local"
 def local_run_dir(run_dir: Path) -> tuple[Path, str | None]:
     """The directory a local run owns for `run_dir`, and a note when it is not `run_dir`
     itself: a directory with a submitted run (`jobs.json`) is that run's, so the local run
-    goes to its `local/` subdirectory and leaves the submitted run's files alone."""
+    goes to its `local/` subdirectory and leaves the submitted run's files alone. A directory
+    someone else controls is refused (`slurm.rundir.check_run_dir`)."""
+    check_run_dir(run_dir, "--run-dir")  # nobody else may be able to change what it runs
     if (run_dir / "jobs.json").exists():
         own = run_dir / LOCAL_SUBDIR
         return own, f"{run_dir} holds a run submitted to Slurm; this local run uses {own}"

@@ -22,7 +22,7 @@ from slurm.rundir.archive import (
     previous_state,
     restore_archive,
 )
-from slurm.rundir.checks import check_control_inputs, check_run_files
+from slurm.rundir.checks import check_control_inputs, check_run_dir, check_run_files
 from slurm.rundir.control import (
     ControlFile,
     check_control_data,
@@ -60,7 +60,7 @@ from slurm.rundir.paths import (
     write_private,
 )
 from slurm.rundir.secret import create_secret, read_secret
-from slurm.rundir.shape import RunFileError, parse_json_file, read_json
+from slurm.rundir.shape import RunFileError, parse_json_file, read_json, read_trusted
 from slurm.rundir.spares import (
     REPLICA_SCRIPT,
     SLOT_JOB_ID,
@@ -105,6 +105,7 @@ __all__ = [
     "check_job_record",
     "check_jobs_data",
     "check_resubmit",
+    "check_run_dir",
     "check_run_files",
     "check_spec_data",
     "create_secret",
@@ -123,6 +124,7 @@ __all__ = [
     "read_run",
     "read_secret",
     "read_spec_data",
+    "read_trusted",
     "restore_archive",
     "write_control_file",
     "write_pool",

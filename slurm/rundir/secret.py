@@ -2,17 +2,20 @@
 
 `fthsdp submit` creates a fresh one per run in `run_dir/secret` (mode 0600, created exclusively,
 so it is never world-readable); the control plane, the replica supervisors, the leaders and the
-operator's commands read it back. What is signed with it, and how, is the wire protocol's
+operator's commands read it back, and only when it is still this user's alone (`read_secret`).
+What is signed with it, and how, is the wire protocol's
 business (`runtime.protocol`); where it lives and how it is made is the run directory's.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
 
 from slurm.rundir.paths import PRIVATE_FILE_MODE
+from slurm.rundir.shape import read_trusted
 
 
 def create_secret(path: Path) -> bytes:
@@ -25,4 +28,9 @@ def create_secret(path: Path) -> bytes:
 
 
 def read_secret(path: Path) -> bytes:
-    return path.read_text().strip().encode()
+    """The run secret; `FileNotFoundError` when there is none, `RunFileError` when it is not
+    this user's alone (another owner, or a mode that lets group or others read or write it)."""
+    text = read_trusted(Path(path), private=True)
+    if text is None:
+        raise FileNotFoundError(errno.ENOENT, "no run secret", str(path))
+    return text.strip().encode()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm.rundir.paths import SPARES_FILE, write_private
+from slurm.rundir.shape import RunFileError, read_trusted
 
 #: What a slot may run: a replica script `fthsdp submit` wrote (a bare file name, never a path).
 REPLICA_SCRIPT = re.compile(r"replica-[0-9]{1,7}\.sbatch")
@@ -124,8 +125,10 @@ def read_pool(run_dir: Path) -> Pool | None:
     """The pool of `run_dir`, or None when the run has no spares."""
     path = Path(run_dir) / SPARES_FILE
     try:
-        text = path.read_text()
-    except FileNotFoundError:
+        text = read_trusted(path)
+    except RunFileError as exc:
+        raise PoolFileError(str(exc)) from None
+    if text is None:
         return None
     try:
         data = json.loads(text)

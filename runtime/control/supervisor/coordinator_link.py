@@ -3,27 +3,40 @@
 The supervisor sends a signed fatal report of its own (the worker's leader may have died before
 it could; the coordinator treats both reports of one death as one failure, keyed by job, restart
 count and launch number), then asks for the replica's directive until it is something other than
-`continue`. If the coordinator cannot be reached within `decision_wait_s` (or `control.json`
-names none), the answer is `requeue-self`: the supervisor falls back to exit-for-requeue and
-requeues its own job (a coordinator that comes back sees the restart count rise without its own
-action and does not requeue it again).
+`continue`. Both requests are signed with the replica's key, and only an answer signed back under
+that key for the request's own nonce, with every field in range (`runtime.protocol`), counts as
+the coordinator's: anything else (an unsigned or forged answer, `delay_s: NaN`, a directive for
+another launch) is treated as no answer at all. If the coordinator cannot be reached within
+`decision_wait_s` (or `control.json` names none), the answer is `requeue-self`: the supervisor
+falls back to exit-for-requeue and requeues its own job (a coordinator that comes back sees the
+restart count rise without its own action and does not requeue it again).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.control.supervisor.config import SupervisorConfig
 from runtime.control.supervisor.control_plane import coordinator_url
 from runtime.control.supervisor.exits import failure_of
-from runtime.protocol import ExitCode, ReplicaReport, replica_key_id, sign
+from runtime.protocol import (
+    MAX_REPORT_BYTES,
+    NONCE_HEADER,
+    DirectiveAnswer,
+    ExitCode,
+    ReplicaReport,
+    SignatureError,
+    derive_key,
+    replica_key_id,
+    sign,
+    verify_answer,
+)
+from slurm.errors import InputError
 from slurm.rundir import read_secret
 
 log = logging.getLogger("fthsdp.supervisor")
@@ -47,17 +60,36 @@ class FailedStep:
     hung: str | None = None
 
 
-def _http(
-    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
-) -> Any:
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+def _signed_call(
+    secret: bytes,
+    key_id: str,
+    method: str,
+    url: str,
+    path: str,
+    body: bytes,
+    timeout: float,
+) -> bytes:
+    """The verified answer body of the signed request `method path`; `CoordinatorUnreachable`
+    for no answer, an error status, or an answer not signed for this very request."""
+    signed = sign(secret, key_id, method, path, body)
+    headers = {"Content-Type": "application/json", **signed} if body else signed
+    req = urllib.request.Request(url + path, data=body or None, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+            answer = resp.read(MAX_REPORT_BYTES + 1)
+            answer_headers = resp.headers
     except urllib.error.HTTPError as exc:
-        raise CoordinatorUnreachable(f"{method} {url}: HTTP {exc.code}") from None
+        raise CoordinatorUnreachable(f"{method} {url}{path}: HTTP {exc.code}") from None
     except (OSError, ValueError) as exc:
-        raise CoordinatorUnreachable(f"{method} {url}: {exc}") from None
+        raise CoordinatorUnreachable(f"{method} {url}{path}: {exc}") from None
+    if len(answer) > MAX_REPORT_BYTES:
+        raise CoordinatorUnreachable(f"{method} {url}{path}: answer over {MAX_REPORT_BYTES} bytes")
+    try:
+        key = derive_key(secret, key_id)
+        verify_answer(key, method, path, signed[NONCE_HEADER], answer, answer_headers)
+    except SignatureError as exc:
+        raise CoordinatorUnreachable(f"{method} {url}{path}: {exc}, ignored") from None
+    return answer
 
 
 class CoordinatorLink:
@@ -66,6 +98,14 @@ class CoordinatorLink:
     def __init__(self, config: SupervisorConfig, sleep: Callable[[float], None] = time.sleep):
         self.config = config
         self.sleep = sleep
+
+    def _secret(self) -> bytes:
+        """The run secret; one that cannot be read or trusted leaves nothing to talk with."""
+        path = self.config.run_dir / "secret"
+        try:
+            return read_secret(path)
+        except (OSError, InputError) as exc:
+            raise CoordinatorUnreachable(f"no usable run secret: {exc}") from None
 
     def report_failure(self, url: str, step: FailedStep) -> None:
         c = self.config
@@ -87,19 +127,22 @@ class CoordinatorLink:
             launch=step.launch,
             restarts=c.restarts,
         )
+        key_id = replica_key_id(c.replica)
         body = report.to_json()
-        secret = read_secret(c.run_dir / "secret")
-        signed = sign(secret, replica_key_id(c.replica), "POST", "/v1/reports", body)
-        headers = {"Content-Type": "application/json", **signed}
-        _http("POST", f"{url}/v1/reports", body, headers, c.http_timeout_s)
+        _signed_call(self._secret(), key_id, "POST", url, "/v1/reports", body, c.http_timeout_s)
 
     def directive(self, url: str, launch: int) -> tuple[str, float]:
+        """The coordinator's signed, checked directive for this launch (module docstring)."""
         c = self.config
         query = f"job={c.job_id or ''}&restarts={c.restarts}&launch={launch}"
-        got = _http(
-            "GET", f"{url}/v1/replicas/{c.replica}/directive?{query}", None, {}, c.http_timeout_s
-        )
-        return str(got["directive"]), float(got.get("delay_s", 0.0))
+        path = f"/v1/replicas/{c.replica}/directive?{query}"
+        key_id = replica_key_id(c.replica)
+        raw = _signed_call(self._secret(), key_id, "GET", url, path, b"", c.http_timeout_s)
+        try:
+            got = DirectiveAnswer.from_answer(raw, c.restarts, launch)
+        except (ValueError, RecursionError) as exc:
+            raise CoordinatorUnreachable(f"GET {url}{path}: answer refused ({exc})") from None
+        return got.directive, got.delay_s
 
     def decide(self, step: FailedStep) -> tuple[str, float]:
         """Report the failure and get a directive; `requeue-self` if the coordinator is away."""
