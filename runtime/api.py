@@ -46,7 +46,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import re
 import socket
 import sys
 import time
@@ -70,7 +72,17 @@ from runtime.worker.manager import build_manager
 from runtime.worker.step import StepProtocol
 from slurm import contract
 
-__all__ = ["FTHSDP", "FTOptimizer"]
+__all__ = ["FTHSDP", "FTOptimizer", "MetricError"]
+
+#: At most this many metrics per `record` call, each named like this: the progress file is read
+#: by `fthsdp report` and must stay small.
+MAX_METRICS = 16
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.]{1,32}")
+
+
+class MetricError(ValueError):
+    """A bad `FTHSDP.record` call: names the metric, the value and what is allowed."""
+
 
 #: The worker's log level (a knob for debugging a worker by hand; the scripts leave it unset).
 LOG_LEVEL_ENV = "FTHSDP_LOG_LEVEL"
@@ -179,6 +191,19 @@ class FTHSDP:
         if self._progress_file is not None:
             record = {"t": time.time(), "event": event, "incarnation": self.incarnation, **fields}
             self._progress_file.write(json.dumps(record) + "\n")
+
+    def record(self, **scalars: Any) -> None:
+        """Record scalars of the current step (`ft.record(loss=loss)`) in the replica's progress
+        file, for `fthsdp report`; only the replica leader writes, the other ranks check only.
+
+        Each value is a finite number or a one-element tensor (`.item()` is called: on a GPU
+        that waits for the step's kernels). At most `MAX_METRICS` names matching `METRIC_NAME`;
+        anything else raises `MetricError` on every rank alike, before anything is written.
+        """
+        values = metric_values(scalars)
+        plan = self.steps.plan
+        step = plan.step if plan is not None else self.step
+        self.event("metrics", step=step, metrics=values)
 
     # ------------------------------------------------------------------ the four calls
     def shard(self, model: nn.Module, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
@@ -429,6 +454,36 @@ class FTOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optim.load_state_dict(state)
+
+
+def metric_values(scalars: dict[str, Any]) -> dict[str, float]:
+    """`record`'s arguments as plain floats, or `MetricError` naming the first bad one."""
+    if not scalars:
+        raise MetricError("ft.record: no metric given; call it as ft.record(loss=value)")
+    if len(scalars) > MAX_METRICS:
+        raise MetricError(
+            f"ft.record: {len(scalars)} metrics given; at most {MAX_METRICS} per call"
+        )
+    out: dict[str, float] = {}
+    for name, value in scalars.items():
+        if not METRIC_NAME.fullmatch(name):
+            raise MetricError(f"ft.record: metric name {name!r}; allowed: 1-32 of A-Z a-z 0-9 _ .")
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise MetricError(
+                    f"ft.record: metric {name} is a tensor of {value.numel()} elements; "
+                    "a one-element tensor or a number"
+                )
+            value = value.detach().item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise MetricError(
+                f"ft.record: metric {name} = {value!r} ({type(value).__name__}); a number"
+            )
+        number = float(value)
+        if not math.isfinite(number):
+            raise MetricError(f"ft.record: metric {name} = {number}; a finite number")
+        out[name] = number
+    return out
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
