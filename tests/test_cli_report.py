@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_report_timeline import XID_FATAL
 
 from fthsdp_cli.main import cli
 from runtime.control.journal.store import Journal
 from runtime.control.policy import Drain, JobObserved, ReportReceived, Requeue
-from runtime.protocol import ReplicaReport
 from slurm.rundir import JobRecord, RunRecord, write_run
 
 T0 = 1_800_000_000.0
@@ -70,24 +70,11 @@ def slurm_run(tmp_path: Path) -> Path:
     _progress(
         run, 1, _records("a1", T0, range(8), False) + _records("b1", T0 + 12, range(20, 30), False)
     )
-    fatal = ReplicaReport(
-        replica=1,
-        incarnation="a1",
-        seq=9,
-        kind="fatal",
-        job_id="11",
-        nodes=["node2"],
-        step=7,
-        failure="node",
-        failed_node="node2",
-        exit_code=11,
-        last_error="fthsdp: xid: Xid 79",
-    )
     journal = Journal.in_run_dir(run)
     try:
         journal.record(JobObserved(1, "11", 0, "RUNNING", T0, ("node2",)), [], now=T0)
         journal.record(
-            ReportReceived(fatal, T0 + 4.2),
+            ReportReceived(XID_FATAL, T0 + 4.2),
             [Drain("node2", "fthsdp: xid: Xid 79", 1), Requeue(1, "11", 0)],
             now=T0 + 4.2,
         )

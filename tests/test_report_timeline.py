@@ -228,33 +228,36 @@ def test_effective_time() -> None:
     assert effective_time({}, 0, 0).fraction == 0.0
 
 
+#: Replica 1's leader reports a node fault (Xid 79 on node2) at step 7 of its job 11.
+XID_FATAL = ReplicaReport(
+    replica=1,
+    incarnation="a1",
+    seq=9,
+    kind="fatal",
+    job_id="11",
+    nodes=["node2"],
+    step=7,
+    failure="node",
+    failed_node="node2",
+    exit_code=11,
+    last_error="fthsdp: xid: Xid 79\nmore",
+)
+
+
 def test_journal_facts() -> None:
-    fatal = ReplicaReport(
-        replica=1,
-        incarnation="w",
-        seq=3,
-        kind="fatal",
-        job_id="32",
-        nodes=["node2"],
-        step=58,
-        failure="node",
-        failed_node="node2",
-        exit_code=11,
-        last_error="fthsdp: xid: Xid 79\nmore",
-    )
     events = [
-        (1, JobObserved(1, "32", 0, "RUNNING", 1.0, ("node2",))),
-        (2, ReportReceived(fatal, 5.0)),
-        (3, JobObserved(1, "32", 1, "PENDING", 7.0)),
+        (1, JobObserved(1, "11", 0, "RUNNING", 1.0, ("node2",))),
+        (2, ReportReceived(XID_FATAL, 5.0)),
+        (3, JobObserved(1, "11", 1, "PENDING", 7.0)),
         (4, JobObserved(1, "40", 0, "NODE_FAIL", 9.0, ("node4",))),
     ]
     actions = [
         (2, Drain("node2", "fthsdp: xid: Xid 79", 1), "done"),
-        (2, Requeue(1, "32", 0), "done"),
-        (2, Release(1, "32"), "done"),
-        (2, Directive(1, "requeue", ("32", 0, 0)), "done"),
-        (3, Directive(1, "relaunch", ("32", 1, 0)), "decided"),
-        (99, Requeue(1, "32", 1), "done"),  # its event was compacted away: no time
+        (2, Requeue(1, "11", 0), "done"),
+        (2, Release(1, "11"), "done"),
+        (2, Directive(1, "requeue", ("11", 0, 0)), "done"),
+        (3, Directive(1, "relaunch", ("11", 1, 0)), "decided"),
+        (99, Requeue(1, "11", 1), "done"),  # its event was compacted away: no time
     ]
     facts = journal_facts(events, actions)
     assert [(m.t, m.state) for m in facts.marks[1]] == [
@@ -263,12 +266,12 @@ def test_journal_facts() -> None:
         (9.0, "down"),
     ]
     assert [(f.t, f.step, f.cause) for f in facts.faults] == [
-        (5.0, 58, "node fault on node2, exit 11: fthsdp: xid: Xid 79")
+        (5.0, 7, "node fault on node2, exit 11: fthsdp: xid: Xid 79")
     ]
     assert facts.actions == [
         Action(5.0, 1, "drain", "drain node2: fthsdp: xid: Xid 79", "done"),
-        Action(5.0, 1, "requeue", "requeue job 32", "done"),
+        Action(5.0, 1, "requeue", "requeue job 11", "done"),
         Action(7.0, 1, "relaunch", "relaunch (told to its supervisor)", "decided"),
     ]
-    assert facts.jobs == {1: ["32", "40"]}
+    assert facts.jobs == {1: ["11", "40"]}
     assert facts.nodes == {1: ["node2", "node4"]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 from runtime.report.read import Lane, RunReport
@@ -143,7 +143,7 @@ def _time_axis(s: float, e: float, y: float) -> list[str]:
 
 
 def line_chart(
-    series: dict[str, Sequence[tuple[float, float]]],
+    series: Mapping[str, Sequence[tuple[float, float]]],
     x_label: str,
     y_label: str,
     chart_id: str,
@@ -163,7 +163,7 @@ def line_chart(
         y0, y1 = y0 - 1, y1 + 1
     if x1 <= x0:
         x1 = x0 + 1
-    h, top, bottom = 240, 10, 30
+    h, top, bottom = 256, 26, 30
 
     def px(x: float) -> float:
         return LEFT + (x - x0) / (x1 - x0) * (WIDTH - LEFT - RIGHT)
@@ -184,7 +184,7 @@ def line_chart(
         )
     out.append(
         f'<text x="{WIDTH - RIGHT}" y="{h - 2}" text-anchor="end">{escape(x_label)}</text>'
-        f'<text x="4" y="{top + 10}">{escape(y_label)}</text>'
+        f'<text x="4" y="14">{escape(y_label)}</text>'
     )
     for x, title in marks:
         out.append(
@@ -200,7 +200,7 @@ def line_chart(
             f'points="{path}"><title>{escape(name)}</title></polyline>'
         )
         out.append(
-            f'<text x="{LEFT + 8 + 110 * i}" y="{top + 12}" fill="{color}" '
+            f'<text x="{LEFT + 110 * i}" y="14" fill="{color}" '
             f'style="fill:{color}">{escape(name)}</text>'
         )
     out.append("</svg>")
