@@ -19,6 +19,7 @@ from test_report_timeline import XID_FATAL
 from fthsdp_cli.main import cli
 from runtime.control.journal.store import Journal
 from runtime.control.policy import Drain, JobObserved, ReportReceived, Requeue
+from runtime.protocol import ReplicaReport
 from slurm.rundir import JobRecord, RunRecord, write_run
 
 T0 = 1_800_000_000.0
@@ -126,6 +127,25 @@ def test_submitted_run_report_reads_the_journal(tmp_path: Path) -> None:
     assert "job 11 on node2" in page
     assert "drained node2: fthsdp: xid: Xid 79" in page  # the status table, from the journal
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_replica_without_progress_file_trains_by_its_status_reports(tmp_path: Path) -> None:
+    """A foreign torchft trainer writes no progress file: its supervisor's status reports in
+    the journal say when it trained."""
+    run = slurm_run(tmp_path)
+    (run / "progress" / "r0.jsonl").unlink()
+    journal = Journal.in_run_dir(run)
+    try:
+        for seq in range(5):
+            report = ReplicaReport(0, "progress:x", seq, job_id="10", step=seq)
+            journal.record(ReportReceived(report, T0 + seq), [], now=T0 + seq)
+    finally:
+        journal.close()
+    r = invoke(str(run))
+    assert r.exit_code == 0, r.output
+    page = (run / "report.html").read_text()
+    lane = page.split('id="lane-0"')[1].split("</g>")[0]
+    assert 'class="segment training"' in lane
 
 
 def _no_progress(run: Path) -> None:

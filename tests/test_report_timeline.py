@@ -16,6 +16,7 @@ from runtime.report.timeline import (
     Mark,
     Segment,
     effective_time,
+    followed_by,
     journal_facts,
     merge_faults,
     progress_facts,
@@ -196,6 +197,28 @@ def test_merge_faults(
     assert [(f.t, f.replica, f.source) for f in merge_faults(progress, journal)] == kept
 
 
+def _act(t: float, replica: int = 1) -> Action:
+    return Action(t, replica, "requeue", f"requeue at {t}", "done")
+
+
+@pytest.mark.parametrize(
+    ("at", "others", "actions", "answered"),
+    [
+        pytest.param(10, [], [_act(10), _act(40)], [10, 40], id="decided with the report, later"),
+        pytest.param(10, [], [_act(8.5), _act(9.5)], [9.5], id="a second before it, not more"),
+        pytest.param(10, [30], [_act(12), _act(29.5), _act(31)], [12], id="up to the next fault"),
+        pytest.param(10, [], [_act(12, replica=0)], [], id="another replica's"),
+        pytest.param(10, [], [_act(700)], [], id="too late"),
+    ],
+)
+def test_followed_by(
+    at: float, others: list[float], actions: list[Action], answered: list[float]
+) -> None:
+    fault = _fault(at, 1, "journal")
+    faults = [fault, *(_fault(t, 1, "journal") for t in others)]
+    assert [a.t for a in followed_by(fault, faults, actions)] == answered
+
+
 @pytest.mark.parametrize(
     ("commits", "expected"),
     [
@@ -249,6 +272,8 @@ def test_journal_facts() -> None:
         (1, JobObserved(1, "11", 0, "RUNNING", 1.0, ("node2",))),
         (2, ReportReceived(XID_FATAL, 5.0)),
         (3, JobObserved(1, "11", 1, "PENDING", 7.0)),
+        (5, ReportReceived(ReplicaReport(0, "w0", 1, step=4, healing=True), 8.0)),
+        (6, ReportReceived(ReplicaReport(0, "w0", 2, step=5), 8.5)),
         (4, JobObserved(1, "40", 0, "NODE_FAIL", 9.0, ("node4",))),
     ]
     actions = [
@@ -273,5 +298,7 @@ def test_journal_facts() -> None:
         Action(5.0, 1, "requeue", "requeue job 11", "done"),
         Action(7.0, 1, "relaunch", "relaunch (told to its supervisor)", "decided"),
     ]
+    assert facts.reported == {0: [Mark(8.0, "healing"), Mark(8.5, "training")]}
+    assert facts.reported_commits == {0: [(8.0, 4), (8.5, 5)]}
     assert facts.jobs == {1: ["11", "40"]}
     assert facts.nodes == {1: ["node2", "node4"]}

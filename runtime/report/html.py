@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from runtime.report.read import Lane, RunReport
-from runtime.report.timeline import Fault
+from runtime.report.timeline import Fault, followed_by
 
 COLORS = {
     "training": "#2e9e44",
@@ -222,11 +222,7 @@ def _faults_table(report: RunReport) -> str:
         return "<p>No faults.</p>"
     rows = []
     for f in report.faults:
-        acts = (
-            [a for a in report.lanes[f.replica].actions if f.t - 1 <= a.t and (a.t - f.t) < 600]
-            if f.replica < len(report.lanes)
-            else []
-        )
+        acts = followed_by(f, report.faults, [a for lane in report.lanes for a in lane.actions])
         then = "; ".join(f"{a.text} ({a.status})" for a in acts) or "-"
         step = "-" if f.step is None else str(f.step)
         rows.append(

@@ -186,6 +186,8 @@ def build_report(run_dir: Path, now: float | None = None) -> RunReport:
     lanes = []
     for k in range(n_replicas):
         marks: list[Mark] = [*facts[k].marks, *journal.marks.get(k, [])]
+        if k not in files:  # no progress file: its leader's status reports say when it trained
+            marks += journal.reported.get(k, [])
         if record is not None:  # submitted: its job waits in Slurm's queue until it starts
             marks.insert(0, Mark(record.submitted_at or start, "pending"))
         jobs = list(journal.jobs.get(k, []))
@@ -220,7 +222,12 @@ def build_report(run_dir: Path, now: float | None = None) -> RunReport:
         made_at=now,
         lanes=lanes,
         faults=faults,
-        step_rate=step_rate(c for f in facts.values() for c in f.commits),
+        step_rate=step_rate(
+            [
+                *(c for f in facts.values() for c in f.commits),
+                *(c for k, cs in journal.reported_commits.items() if k not in files for c in cs),
+            ]
+        ),
         metrics=dict(sorted(metrics.items())),
         effective=effective_time({lane.replica: lane.segments for lane in lanes}, start, end),
     )

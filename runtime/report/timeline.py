@@ -170,6 +170,11 @@ class JournalFacts:
     jobs: dict[int, list[str]] = field(default_factory=dict)
     #: replica -> nodes in the order the journal saw them
     nodes: dict[int, list[str]] = field(default_factory=dict)
+    #: replica -> marks and (time, step) commits from its leader's status reports: the lanes of
+    #: a replica without a progress file (a foreign torchft trainer's); a snapshot drops the
+    #: status reports it covers, so these can be partial.
+    reported: dict[int, list[Mark]] = field(default_factory=dict)
+    reported_commits: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 def journal_facts(
@@ -183,11 +188,11 @@ def journal_facts(
     at: dict[int, float] = {}
 
     def saw(replica: int, job: str | None, nodes: Iterable[str]) -> None:
-        jobs = out.jobs.setdefault(replica, [])
-        if job and job not in jobs:
-            jobs.append(job)
-        seen = out.nodes.setdefault(replica, [])
-        seen.extend(n for n in nodes if n and n not in seen)
+        if job and job not in out.jobs.get(replica, []):
+            out.jobs.setdefault(replica, []).append(job)
+        for node in nodes:
+            if node and node not in out.nodes.get(replica, []):
+                out.nodes.setdefault(replica, []).append(node)
 
     for seq, ev in events:
         at[seq] = ev.at
@@ -204,6 +209,10 @@ def journal_facts(
             if r.kind == "fatal":
                 out.faults.append(Fault(ev.at, r.replica, r.step, fatal_cause(r), "journal"))
                 out.marks.setdefault(r.replica, []).append(Mark(ev.at, "down"))
+            else:
+                phase: State = "healing" if r.healing else "training"
+                out.reported.setdefault(r.replica, []).append(Mark(ev.at, phase))
+                out.reported_commits.setdefault(r.replica, []).append((ev.at, r.step))
         elif isinstance(ev, policy.StragglerEviction):
             cause = f"straggler eviction: {ev.detail}"
             out.faults.append(Fault(ev.at, ev.replica, None, cause, "journal"))
@@ -252,6 +261,19 @@ def merge_faults(progress: Iterable[Fault], journal: Iterable[Fault]) -> list[Fa
         if not any(j.replica == f.replica and abs(j.t - f.t) <= SAME_FAULT_S for j in from_journal)
     ]
     return sorted([*kept, *from_journal], key=lambda f: (f.t, f.replica))
+
+
+#: Actions this long after a fault (and before the replica's next one) are taken as its recovery.
+FOLLOW_UP_S = 600.0
+
+
+def followed_by(fault: Fault, faults: Sequence[Fault], actions: Sequence[Action]) -> list[Action]:
+    """The recovery actions on `fault`'s replica that answer it: from a second before it
+    (a decision is journaled with its report) up to the replica's next fault, at most
+    `FOLLOW_UP_S` later."""
+    later = [f.t for f in faults if f.replica == fault.replica and f.t > fault.t]
+    until = min([fault.t + FOLLOW_UP_S, *(t - 1 for t in later)])
+    return [a for a in actions if a.replica == fault.replica and fault.t - 1 <= a.t < until]
 
 
 def segments(marks: Iterable[Mark], until: float) -> list[Segment]:
