@@ -220,6 +220,7 @@ def test_a_live_run_reads_up_to_the_line_being_written(tmp_path: Path) -> None:
     [
         (["/nonexistent-run-dir"], "RUN_DIR"),
         (["{run}", "--out", "/nonexistent-dir/r.html"], "--out"),
+        (["{run}", "--out", "{run}/r.png", "--png"], "--out"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(tmp_path: Path, args: list[str], says: str) -> None:

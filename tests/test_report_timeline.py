@@ -22,6 +22,7 @@ from runtime.report.timeline import (
     progress_facts,
     segments,
     step_rate,
+    thin,
 )
 
 
@@ -302,3 +303,17 @@ def test_journal_facts() -> None:
     assert facts.reported_commits == {0: [(8.0, 4), (8.5, 5)]}
     assert facts.jobs == {1: ["11", "40"]}
     assert facts.nodes == {1: ["node2", "node4"]}
+
+
+@pytest.mark.parametrize(
+    ("n", "limit", "kept"),
+    [
+        (0, 4, []),
+        (3, 4, [0, 1, 2]),
+        (4, 4, [0, 1, 2, 3]),
+        (9, 4, [0, 3, 6, 8]),
+        (10, 5, [0, 2, 4, 6, 8, 9]),
+    ],
+)
+def test_thin(n: int, limit: int, kept: list[int]) -> None:
+    assert [s for s, _ in thin([(i, float(i)) for i in range(n)], limit)] == kept

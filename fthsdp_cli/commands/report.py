@@ -74,6 +74,8 @@ def report(run_dir: Path, out: Path | None, png: bool) -> None:
     out = out if out is not None else run_dir / "report.html"
     if not out.parent.is_dir():
         raise InputError("--out", str(out), "a file in an existing directory")
+    if png and out.suffix == ".png":
+        raise InputError("--out", str(out), "the HTML file (with --png, OUT with .png is the PNG)")
     data = build_report(run_dir)
     files = {out: render_html(data, status_text(data.status, data.kind == "local")).encode()}
     if png:

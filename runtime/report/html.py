@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from runtime.report.read import Lane, RunReport
-from runtime.report.timeline import Fault, followed_by
+from runtime.report.timeline import Fault, followed_by, thin
 
 COLORS = {
     "training": "#2e9e44",
@@ -263,7 +263,9 @@ def _metrics(report: RunReport) -> str:
     ]
     parts = []
     for name, by_replica in report.metrics.items():
-        series = {f"replica {k}": [(float(s), v) for s, v in pts] for k, pts in by_replica.items()}
+        series = {
+            f"replica {k}": [(float(s), v) for s, v in thin(pts)] for k, pts in by_replica.items()
+        }
         parts.append(f"<h3>{escape(name)}</h3>")
         parts.append(line_chart(series, "step", name, f"metric-{escape(name)}", marks))
     return "".join(parts)

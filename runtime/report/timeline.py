@@ -344,3 +344,18 @@ def effective_time(lanes: dict[int, list[Segment]], start: float, end: float) ->
         down_s=per("down"),
         pending_s=per("pending"),
     )
+
+
+#: The most points a metric's line keeps: a long run's page stays small enough to open.
+MAX_POINTS = 2000
+
+
+def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
+    """At most about `limit` of `points`, evenly strided, the first and the last always kept."""
+    if len(points) <= limit:
+        return list(points)
+    stride = -(-len(points) // limit)
+    kept = list(points[::stride])
+    if kept[-1] != points[-1]:
+        kept.append(points[-1])
+    return kept
