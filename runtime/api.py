@@ -46,9 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import re
 import socket
 import sys
 import time
@@ -65,6 +63,7 @@ from torch import nn
 from runtime import ledger, rendezvous
 from runtime.env import EnvError, WorkerEnv, parse_env
 from runtime.protocol import ExitCode
+from runtime.report.metrics import MAX_METRICS, MetricError, check_metrics
 from runtime.worker import heal
 from runtime.worker.control_wait import ControlRestartWait, wait_for_lighthouse
 from runtime.worker.errors import FatalWorkerError
@@ -72,17 +71,7 @@ from runtime.worker.manager import build_manager
 from runtime.worker.step import StepProtocol
 from slurm import contract
 
-__all__ = ["FTHSDP", "FTOptimizer", "MetricError"]
-
-#: At most this many metrics per `record` call, each named like this: the progress file is read
-#: by `fthsdp report` and must stay small.
-MAX_METRICS = 16
-METRIC_NAME = re.compile(r"[A-Za-z0-9_.]{1,32}")
-
-
-class MetricError(ValueError):
-    """A bad `FTHSDP.record` call: names the metric, the value and what is allowed."""
-
+__all__ = ["FTHSDP", "MAX_METRICS", "FTOptimizer", "MetricError"]
 
 #: The worker's log level (a knob for debugging a worker by hand; the scripts leave it unset).
 LOG_LEVEL_ENV = "FTHSDP_LOG_LEVEL"
@@ -197,8 +186,9 @@ class FTHSDP:
         file, for `fthsdp report`; only the replica leader writes, the other ranks check only.
 
         Each value is a finite number or a one-element tensor (`.item()` is called: on a GPU
-        that waits for the step's kernels). At most `MAX_METRICS` names matching `METRIC_NAME`;
-        anything else raises `MetricError` on every rank alike, before anything is written.
+        that waits for the step's kernels). At most `MAX_METRICS` names, each 1-32 of
+        `A-Z a-z 0-9 _ .` (`runtime.report.metrics`); anything else raises `MetricError` on
+        every rank alike, before anything is written.
         """
         values = metric_values(scalars)
         plan = self.steps.plan
@@ -457,17 +447,10 @@ class FTOptimizer:
 
 
 def metric_values(scalars: dict[str, Any]) -> dict[str, float]:
-    """`record`'s arguments as plain floats, or `MetricError` naming the first bad one."""
-    if not scalars:
-        raise MetricError("ft.record: no metric given; call it as ft.record(loss=value)")
-    if len(scalars) > MAX_METRICS:
-        raise MetricError(
-            f"ft.record: {len(scalars)} metrics given; at most {MAX_METRICS} per call"
-        )
-    out: dict[str, float] = {}
+    """`record`'s arguments as plain floats (a one-element tensor becomes its number), or
+    `MetricError` naming the first bad one (`runtime.report.metrics` has the bounds)."""
+    plain = {}
     for name, value in scalars.items():
-        if not METRIC_NAME.fullmatch(name):
-            raise MetricError(f"ft.record: metric name {name!r}; allowed: 1-32 of A-Z a-z 0-9 _ .")
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise MetricError(
@@ -475,15 +458,8 @@ def metric_values(scalars: dict[str, Any]) -> dict[str, float]:
                     "a one-element tensor or a number"
                 )
             value = value.detach().item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise MetricError(
-                f"ft.record: metric {name} = {value!r} ({type(value).__name__}); a number"
-            )
-        number = float(value)
-        if not math.isfinite(number):
-            raise MetricError(f"ft.record: metric {name} = {number}; a finite number")
-        out[name] = number
-    return out
+        plain[name] = value
+    return check_metrics(plain)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

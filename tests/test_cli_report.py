@@ -9,6 +9,7 @@ left behind.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from runtime.protocol import ReplicaReport
 from slurm.rundir import JobRecord, RunRecord, write_run
 
 T0 = 1_800_000_000.0
+SPECS = Path(__file__).with_name("specs")
 
 
 def _progress(run: Path, replica: int, records: list[dict[str, Any]]) -> None:
@@ -228,3 +230,47 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path: Path, args: list[str], says
     r = invoke(*(a.format(run=run) for a in args))
     assert r.exit_code == 2, r.output
     assert len(r.output.strip().splitlines()) == 1 and says in r.output, r.output
+
+
+def test_a_submitted_run_before_any_progress_shows_its_replicas_pending(tmp_path: Path) -> None:
+    run = slurm_run(tmp_path)
+    for path in (run / "progress").iterdir():
+        path.unlink()
+    r = invoke(str(run))
+    assert r.exit_code == 0, r.output
+    page = (run / "report.html").read_text()
+    for k in (0, 1):
+        lane = page.split(f'id="lane-{k}"')[1].split("</g>")[0]
+        assert 'class="segment pending"' in lane
+    assert "live, as of" in page and "fewer than two committed steps" in page
+
+
+def test_a_torchft_trainer_s_metrics_come_from_its_own_progress_file(tmp_path: Path) -> None:
+    """`[train] progress_file` lines may carry `"metrics"`: kept within the same bounds as
+    `ft.record`'s; a line with unusable metrics is skipped (and counted), never fatal."""
+    from slurm.spec import load_spec
+
+    run = slurm_run(tmp_path)
+    template = "{dump_dir}/progress.jsonl"
+    toml = tmp_path / "torchft.toml"
+    text = (SPECS / "torchft.toml").read_text()
+    toml.write_text(re.sub(r"(?m)^progress_regex = .*$", f'progress_file = "{template}"', text))
+    spec = load_spec(toml, [f"job.run_dir={run}"])
+    (run / "spec.json").write_text(json.dumps(spec.to_dict()))
+    from runtime.foreign import progress_path
+
+    lines = [
+        {"step": 1, "metrics": {"loss": 2.0}},
+        {"step": 2, "metrics": {"loss": 1.0, "bad name": 3}},
+        {"step": 3},
+        {"step": 4, "metrics": {"loss": 0.5}},
+    ]
+    for k in (0, 1):
+        path = progress_path(template, run, k)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 5, "metr')
+    r = invoke(str(run))
+    assert r.exit_code == 0, r.output
+    page = (run / "report.html").read_text()
+    assert 'id="metric-loss"' in page and "bad name" not in page
+    assert "2 lines of the torchft trainer progress files: unusable metrics, skipped" in page

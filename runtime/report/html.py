@@ -253,10 +253,16 @@ def _effective(report: RunReport) -> str:
 
 
 def _metrics(report: RunReport) -> str:
+    notes = "".join(f'<p class="muted">{escape(n)}</p>' for n in report.notes)
+    return _metric_charts(report) + notes
+
+
+def _metric_charts(report: RunReport) -> str:
     if not report.metrics:
         return (
-            '<p id="no-metrics">No metrics were recorded in this run (the trainer calls '
-            "<code>ft.record(loss=...)</code> to record them).</p>"
+            '<p id="no-metrics">No metrics were recorded in this run (a trainer on the native '
+            "API calls <code>ft.record(loss=...)</code>; a torchft trainer adds "
+            '<code>"metrics": {"loss": ...}</code> to the lines of its progress file).</p>'
         )
     marks = [
         (float(f.step), _fault_text(f, report.start)) for f in report.faults if f.step is not None

@@ -89,6 +89,46 @@ def progress_files(run_dir: Path) -> dict[int, Path]:
     return out
 
 
+def foreign_metrics(
+    run_dir: Path, replicas: int
+) -> tuple[dict[int, dict[str, dict[int, float]]], int]:
+    """replica -> metric -> step -> value from a foreign torchft trainer's own JSONL progress
+    files (`[train] progress_file`, one per replica group, written by its rank 0), and how many
+    lines were skipped. A line counts when it is a JSON object with an integer `step` and a
+    `metrics` object within `runtime.report.metrics`' bounds; any other line is skipped, as the
+    supervisor skips it: the trainer's file, not fthsdp's to fail on."""
+    from runtime.foreign import progress_path
+    from runtime.report.metrics import MetricError, check_metrics
+    from slurm.rundir import read_spec_data
+
+    spec = read_spec_data(run_dir) or {}
+    train = spec.get("train") or {}
+    template = train.get("progress_file")
+    if train.get("mode") != "torchft" or not isinstance(template, str):
+        return {}, 0
+    out: dict[int, dict[str, dict[int, float]]] = {}
+    skipped = 0
+    for k in range(replicas):
+        path = progress_path(template, run_dir, k)
+        try:
+            lines = path.read_text(errors="replace").split("\n")[:-1]  # whole lines only
+        except OSError:
+            continue  # not written yet, or on a node-local disk
+        for line in lines:
+            try:
+                data = json.loads(line)
+                step, metrics = data["step"], data["metrics"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise TypeError("step")
+                values = check_metrics(metrics, str(path))
+            except (ValueError, TypeError, KeyError, AttributeError, MetricError):
+                skipped += '"metrics"' in line  # a line without metrics is only a step
+                continue
+            for name, value in values.items():
+                out.setdefault(k, {}).setdefault(name, {})[step] = value
+    return out, skipped
+
+
 def read_journal_facts(run_dir: Path, replicas: int) -> tuple[JournalFacts, dict[str, Any]]:
     """The journal's facts and the coordinator's state rebuilt from it (as `/v1/state` shows
     it), through the journal's own reader; `RunFileError` when it is missing or corrupt."""
@@ -153,6 +193,8 @@ class RunReport:
     effective: EffectiveTime
     #: the status table's data (the shape `fthsdp status --json` prints)
     status: dict[str, Any] = field(default_factory=dict)
+    #: what the reader skipped, in words
+    notes: list[str] = field(default_factory=list)
 
 
 def build_report(run_dir: Path, now: float | None = None) -> RunReport:
@@ -209,8 +251,9 @@ def build_report(run_dir: Path, now: float | None = None) -> RunReport:
             )
         )
     metrics: dict[str, dict[int, list[tuple[int, float]]]] = {}
-    for k, f in facts.items():
-        for name, by_step in f.metrics.items():
+    foreign, skipped = foreign_metrics(run_dir, n_replicas) if record else ({}, 0)
+    for k in range(n_replicas):
+        for name, by_step in {**facts[k].metrics, **foreign.get(k, {})}.items():
             metrics.setdefault(name, {})[k] = sorted(by_step.items())
     report = RunReport(
         name=record.name if record else run_dir.name,
@@ -230,6 +273,9 @@ def build_report(run_dir: Path, now: float | None = None) -> RunReport:
         ),
         metrics=dict(sorted(metrics.items())),
         effective=effective_time({lane.replica: lane.segments for lane in lanes}, start, end),
+        notes=[f"{skipped} lines of the torchft trainer progress files: unusable metrics, skipped"]
+        if skipped
+        else [],
     )
     report.status = status_data(report, record, view)
     return report
