@@ -38,7 +38,7 @@ def _local_run_with_a_kill(run_dir: Path) -> dict[str, object]:
     """`fthsdp run --local` with replica 1 killed at step 30; its JSON summary. On a timeout
     the launcher gets SIGTERM, which stops every process it started."""
     argv = [sys.executable, "-m", "fthsdp_cli", "run", "--local", "examples/tiny.toml"]
-    argv += ["--steps", "150", "--kill-replica", "1", "--at-step", "30"]
+    argv += ["--steps", "100", "--kill-replica", "1", "--at-step", "30"]
     argv += ["--run-dir", str(run_dir), "--timeout", "240", "--json"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.05")
     proc = subprocess.Popen(

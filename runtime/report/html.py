@@ -209,7 +209,9 @@ def line_chart(
 
 def _legend() -> str:
     items = "".join(
-        f'<span><i style="background:{c}"></i>{name}</span>' for name, c in COLORS.items()
+        f'<span><i style="background:{c}"></i>{name}</span>'
+        for name, c in COLORS.items()
+        if name != "done"  # a lane simply ends when its replica is done
     )
     return (
         f'<p class="legend">{items}<span>▼ fault</span>'
