@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps chroots test test-slurm test-matrix lint typecheck check demo bench clean site-install
+.PHONY: install slurm-deps browser-deps chroots test test-slurm test-matrix lint typecheck check demo bench clean site-install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ slurm-deps:
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
 	else echo "not root: skipping slurm-wlm/munge install (Slurm tests will be skipped)"; fi
+
+# Debian's chromium, for the test that opens `fthsdp report`'s page in a real browser
+# (tests/test_report_browser.py). As root only, like slurm-deps.
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "not root: skipping the chromium install (the browser test will be skipped)"; fi
 
 # The Slurm release matrix (22.05 bookworm, 24.11 trixie, 26.05 sid): every release but the host's
 # runs in a cached chroot of the Debian suite that ships it (slurm/release_chroot/, built on first
@@ -62,7 +70,7 @@ check: lint typecheck
 # On the host: the fast tier on two workers (as in `check`), then the tests that start dev clusters
 # or many processes, one at a time (they measure stalls and timeouts); then the slurm-marked tests
 # on every other release of the matrix.
-test: install slurm-deps lint typecheck chroots
+test: install slurm-deps browser-deps lint typecheck chroots
 	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
 	$(BIN)/python -m pytest -m "slurm or slow" --durations=15
 	@$(MAKE) --no-print-directory test-matrix
@@ -109,6 +117,8 @@ site-install:
 
 demo: install slurm-deps
 	$(BIN)/python examples/demo.py
+	@run=$$(ls -td .devcluster/runs/demo runs/tiny 2>/dev/null | head -1); \
+	  echo "the run's report:"; $(BIN)/python -m fthsdp_cli report --png "$$run"
 
 bench: install
 	for b in benchmarks/*.py; do case $$b in */__init__.py|*/harness.py|*/report.py) ;; *) $(BIN)/python $$b || exit 1;; esac; done

@@ -55,9 +55,12 @@ def main() -> None:
         opt = ft.optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
         for x, y in ft.data(SyntheticRegression(), batch_size=8):
             opt.zero_grad()
+            step_loss = 0.0
             for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
                 loss = nn.functional.mse_loss(model(xs), ys) / MICROBATCHES
                 loss.backward()
+                step_loss += loss.item()
+            ft.record(loss=step_loss)  # the leader's loss, for `fthsdp report`
             if STEP_SLEEP_S:
                 import time
 

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("cancel", "cancel", "Cancel a run's jobs that are still queued or running."),
     "requeue": ("status", "requeue", "Requeue one replica's job (optionally draining a node)."),
     "events": ("status", "events", "Print a run's event journal, newest last."),
+    "report": ("report", "report", "Write a run's report: one self-contained HTML file."),
     "check": ("check", "check", "Run the node health checks here and print the verdict."),
     "doctor": ("doctor", "doctor", "Check this Slurm's configuration against what fthsdp needs."),
     "prolog": ("check", "prolog", "Slurm Prolog entry point: check, drain on failure."),

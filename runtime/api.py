@@ -63,6 +63,7 @@ from torch import nn
 from runtime import ledger, rendezvous
 from runtime.env import EnvError, WorkerEnv, parse_env
 from runtime.protocol import ExitCode
+from runtime.report.metrics import MAX_METRICS, MetricError, check_metrics
 from runtime.worker import heal
 from runtime.worker.control_wait import ControlRestartWait, wait_for_lighthouse
 from runtime.worker.errors import FatalWorkerError
@@ -70,7 +71,7 @@ from runtime.worker.manager import build_manager
 from runtime.worker.step import StepProtocol
 from slurm import contract
 
-__all__ = ["FTHSDP", "FTOptimizer"]
+__all__ = ["FTHSDP", "MAX_METRICS", "FTOptimizer", "MetricError"]
 
 #: The worker's log level (a knob for debugging a worker by hand; the scripts leave it unset).
 LOG_LEVEL_ENV = "FTHSDP_LOG_LEVEL"
@@ -179,6 +180,20 @@ class FTHSDP:
         if self._progress_file is not None:
             record = {"t": time.time(), "event": event, "incarnation": self.incarnation, **fields}
             self._progress_file.write(json.dumps(record) + "\n")
+
+    def record(self, **scalars: Any) -> None:
+        """Record scalars of the current step (`ft.record(loss=loss)`) in the replica's progress
+        file, for `fthsdp report`; only the replica leader writes, the other ranks check only.
+
+        Each value is a finite number or a one-element tensor (`.item()` is called: on a GPU
+        that waits for the step's kernels). At most `MAX_METRICS` names, each 1-32 of
+        `A-Z a-z 0-9 _ .` (`runtime.report.metrics`); anything else raises `MetricError` on
+        every rank alike, before anything is written.
+        """
+        values = metric_values(scalars)
+        plan = self.steps.plan
+        step = plan.step if plan is not None else self.step
+        self.event("metrics", step=step, metrics=values)
 
     # ------------------------------------------------------------------ the four calls
     def shard(self, model: nn.Module, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
@@ -429,6 +444,22 @@ class FTOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optim.load_state_dict(state)
+
+
+def metric_values(scalars: dict[str, Any]) -> dict[str, float]:
+    """`record`'s arguments as plain floats (a one-element tensor becomes its number), or
+    `MetricError` naming the first bad one (`runtime.report.metrics` has the bounds)."""
+    plain = {}
+    for name, value in scalars.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise MetricError(
+                    f"ft.record: metric {name} is a tensor of {value.numel()} elements; "
+                    "a one-element tensor or a number"
+                )
+            value = value.detach().item()
+        plain[name] = value
+    return check_metrics(plain)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

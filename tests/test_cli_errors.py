@@ -81,6 +81,8 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["requeue", "{good}", "--replica", "7"], 3, "SLURM_CONF"),
     (["events", "/nonexistent-run-dir"], 2, "does not exist"),
     (["events", "{good}"], 2, "control.sqlite"),
+    (["report", "/nonexistent-run-dir"], 2, "RUN_DIR"),
+    (["report", "{good}"], 2, "control.sqlite"),
     (["check", "--config", "/nonexistent.toml"], 2, "--config"),
     (["check", "--only", "bogus"], 2, "bogus"),
     (["check", "--sysfs-root", "/nope", "--only", "infiniband"], 2, "--sysfs-root"),
