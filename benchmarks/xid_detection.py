@@ -4,8 +4,8 @@ Goal (fast recovery): median <= 0.5 s. Two configurations, interleaved, `--repea
 (default 5) each: the watchdog following the log (inotify on the simulated node's kern.log, the
 default) and the same watchdog with the follower off, which sees the Xid only at its next
 periodic pass (the 5 s default interval). Each repeat starts a fresh watchdog on a healthy
-simulated node (the dev cluster's inputs), waits a random part of the interval, writes the
-Xid 79 line (the dev cluster's own) to the end of the node's kernel log, and times until `on_fault` is called.
+simulated node (the dev cluster's inputs), waits a random part of the interval, appends the
+dev cluster's Xid 79 line to the node's kernel log, and times until `on_fault` is called.
 """
 
 from __future__ import annotations
