@@ -56,7 +56,7 @@ def socket_inodes(unix_table: str, folder: Path) -> set[int]:
 
 
 def _socket_inodes_of(pid: int) -> set[int]:
-    out = set()
+    out: set[int] = set()
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
