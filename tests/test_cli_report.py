@@ -127,7 +127,8 @@ def test_submitted_run_report_reads_the_journal(tmp_path: Path) -> None:
     assert "node fault on node2, exit 11: fthsdp: xid: Xid 79" in page
     assert 'class="action drain"' in page and 'class="action requeue"' in page
     assert "job 11 on node2" in page
-    assert "drained node2: fthsdp: xid: Xid 79" in page  # the status table, from the journal
+    # The status table, from the journal; the policy chose the kind, the leader gave the detail.
+    assert "drained node2: fthsdp: fault: xid: Xid 79" in page
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
