@@ -118,7 +118,9 @@ def run_mode(
     budget = float(cfg.general["total_budget_s"])
     slurm_timeout = float(cfg.actions["slurm_timeout_s"])
     lock_timeout = float(cfg.actions["lock_timeout_s"])
-    hard = lock_timeout + budget + 6 * slurm_timeout + 15.0
+    # The Epilog also reads the job's drain request and the nodes it is judged by.
+    calls = 9 if mode == "epilog" else 6
+    hard = lock_timeout + budget + calls * slurm_timeout + 15.0
     fail_code = 1 if cfg.general["on_error"] == "fail" else 0
 
     def hard_exit() -> None:  # pragma: no cover - only when something blocks unexpectedly
@@ -363,7 +365,8 @@ def _judge_drain_request(
                 log.error("nodes unreadable for a drain request: %s", exc)
         ledger = dr.Ledger(cfg.path("state_dir"))
         try:
-            with ledger.locked(float(cfg.actions["lock_timeout_s"])):
+            # Under the node lock already: the ledger's own lock is only ever briefly contended.
+            with ledger.locked(min(5.0, float(cfg.actions["lock_timeout_s"]))):
                 events: list[dr.Event] | None
                 try:
                     events = ledger.read()
