@@ -210,6 +210,20 @@ def fail_job(job_id: str, why: str, backend: CommandBackend) -> bool:
     return True
 
 
+def ending_job_comment(env: dict[str, str], job_id: str, backend: CommandBackend) -> str:
+    """The ending job's comment in the Epilog. slurmd passes it as `SLURM_JOB_COMMENT`, as it is
+    in slurmctld when the job ends (an update by the owner while it ran included), and leaves
+    the variable out when there is none, in an environment it builds itself (a job cannot add
+    to it); seen on 22.05, 24.11 and 26.05. So the Epilog of each node need not ask slurmctld,
+    which matters when a large job ends on all its nodes at once. Run any other way (no
+    `SLURM_SCRIPT_CONTEXT=epilog_slurmd`), the comment is read from slurmctld."""
+    if "SLURM_JOB_COMMENT" in env:
+        return env["SLURM_JOB_COMMENT"]
+    if env.get("SLURM_SCRIPT_CONTEXT") == "epilog_slurmd":
+        return ""
+    return job_comment(job_id, backend)
+
+
 def job_comment(job_id: str, backend: CommandBackend) -> str:
     try:
         jobs = backend.jobs([job_id])

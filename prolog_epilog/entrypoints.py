@@ -338,7 +338,7 @@ def _judge_drain_request(
 
     user = dr.job_user(env)
     try:
-        request = drain_request.parse(actions.job_comment(job_id, backend))
+        request = drain_request.parse(actions.ending_job_comment(env, job_id, backend))
     except InputError as exc:
         verdict = dr.Verdict("refuse", f"malformed request: {exc}")
         log.warning(dr.refusal_line(job_id, user, cfg.node, verdict.why))
@@ -352,13 +352,17 @@ def _judge_drain_request(
         why = "this run may not act on Slurm" if not act else "draining is off (actions.drain)"
         verdict = dr.Verdict("refuse", why)
     else:
+        # Slurm is asked about nodes only for a request `judge` may accept: every node of a
+        # large job runs this Epilog at once, and all but one refuse on the node name.
+        asks = policy in ("recheck", "trust") and bool(user) and request.node == cfg.node
         node_info = None
-        try:
-            node_info = backend.node(cfg.node)
-        except SlurmCommandError as exc:
-            log.error("node %s unreadable for a drain request: %s", cfg.node, exc)
+        if asks:
+            try:
+                node_info = backend.node(cfg.node)
+            except SlurmCommandError as exc:
+                log.error("node %s unreadable for a drain request: %s", cfg.node, exc)
         drained_for = None
-        if policy == "trust" and user:
+        if asks and policy == "trust" and user:
             try:
                 drained_for = dr.nodes_drained_for(user, backend.nodes())
             except SlurmCommandError as exc:

@@ -261,14 +261,18 @@ class FakeSlurm:
         self.comment = comment
         self.node_info = node
         self.actions: list[tuple[str, str]] = []
+        self.reads: list[str] = []
 
     def jobs(self, ids: list[str] = (), name: str | None = None) -> list[JobInfo]:  # type: ignore[assignment]
+        self.reads.append("jobs")
         return [JobInfo(ids[0], "j", "COMPLETING", "node1", 0, "", comment=self.comment)]
 
     def node(self, name: str) -> NodeInfo:
+        self.reads.append("node")
         return self.node_info
 
     def nodes(self, names: object = ()) -> list[NodeInfo]:
+        self.reads.append("nodes")
         return [self.node_info]
 
     def drain(self, node: str, reason: str) -> bool:
@@ -298,8 +302,8 @@ def _hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm: FakeSlurm, ex
     )
     monkeypatch.setattr(backend, "make_backend", lambda **_: slurm)
 
-    def run(mode: str, job: str = "42", user: str = "alice") -> dict:
-        env = {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": job, "SLURM_JOB_USER": user}
+    def run(mode: str, job: str = "42", user: str = "alice", **more: str) -> dict:
+        env = {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": job, "SLURM_JOB_USER": user, **more}
         return run_mode(mode, str(config), node="node1", env=env)[1]
 
     return run
@@ -401,3 +405,23 @@ def test_epilog_refuses_other_nodes_limits_admin_drains_and_corrupt_ledgers(
     assert "drain request refused: job 62 user carol node node1: the drain-request ledger" in log
     assert "drain request refused: job 1 user alice node node1: names node node2" not in log
     assert "drain request refused: job 42 user alice node node1: names node node2" in log
+
+
+@pytest.mark.timeout(60)
+def test_epilog_takes_the_comment_slurmd_passes_and_asks_slurm_only_when_it_may_act(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prolog_epilog.simulated_hardware import write_node_inputs
+
+    write_node_inputs(tmp_path, "node1")
+    slurm = FakeSlurm("not read", IDLE)
+    run = _hooks(tmp_path, monkeypatch, slurm, 'drain_requests = "trust"\n')
+    context = {"SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
+    assert "drain_request" not in run("epilog", job="70", **context)
+    assert slurm.reads == []  # no comment: slurmd leaves SLURM_JOB_COMMENT out
+    other = DrainRequest(1, "node2", "hung", "x").text()
+    refused = run("epilog", job="71", SLURM_JOB_COMMENT=other, **context)
+    assert "not node1" in refused["drain_request"]["why"] and slurm.reads == []
+    taken = run("epilog", job="72", SLURM_JOB_COMMENT=REQUEST_TEXT, **context)
+    assert taken["drain_request"]["action"] == "drain"
+    assert "jobs" not in slurm.reads and slurm.reads[:2] == ["node", "nodes"]

@@ -72,14 +72,22 @@ class DrainCluster:
     backend: CommandBackend
     #: Modes changed to let users in, restored at the end.
     opened: list[tuple[Path, int]]
+    #: The HealthCheckProgram wrapper, for a test that turns it on.
+    healthcheck: str = ""
 
-    def policy(self, policy: str, limit: int = 3) -> None:
+    def policy(self, policy: str, limit: int = 3, hold_s: float = 3600.0) -> None:
         """The health config with this drain-request policy (read by the next hook run)."""
         self.config.write_text(
             dev_config_toml(self.root, total_budget_s=10.0)
             + f"[checks.gpu-count]\nexpected = {self.cfg.gpus_per_node}\n"
             + f'[actions]\ndrain_requests = "{policy}"\ndrain_requests_per_user_day = {limit}\n'
+            + f"drain_request_hold_s = {hold_s}\n"
         )
+
+    def records(self, node: str, mode: str) -> list[dict[str, Any]]:
+        log = self.root / f"health-{node}.jsonl"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [r for r in map(json.loads, lines) if r.get("mode") == mode]
 
     def as_user(self, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
         """A Slurm command run by `user` with nothing but that user's rights. The folders are
@@ -118,16 +126,9 @@ class DrainCluster:
 
     def epilog(self, node: str, job: str, timeout: float = 90.0) -> dict[str, Any]:
         """The Epilog's JSON record for `job` on `node`, once it has run."""
-        log = self.root / f"health-{node}.jsonl"
 
         def found() -> dict[str, Any] | None:
-            if not log.exists():
-                return None
-            for line in log.read_text().splitlines():
-                rec = json.loads(line)
-                if rec.get("mode") == "epilog" and rec.get("job_id") == job:
-                    return rec  # type: ignore[no-any-return]
-            return None
+            return next((r for r in self.records(node, "epilog") if r.get("job_id") == job), None)
 
         _wait(lambda: found() is not None, timeout, f"the Epilog of job {job} on {node}")
         rec = found()
@@ -174,12 +175,20 @@ def drain_cluster(
         tmp_path / "epilog.sh", "epilog", config, slurm_cluster.conf_path
     )
     dc.cfg = devcluster.reconfigure(slurm_cluster, epilog=wrapper)
+    dc.healthcheck = dev_health.entrypoint_wrapper(
+        tmp_path / "hc.sh", "healthcheck", config, slurm_cluster.conf_path
+    )
     try:
         yield dc
     finally:
         for user in (USER, OTHER):
             subprocess.run(["scancel", f"--user={user}", "--quiet"], timeout=30, check=False)
-        devcluster.reconfigure(slurm_cluster, epilog=slurm_cluster.epilog)
+        devcluster.reconfigure(
+            slurm_cluster,
+            epilog=slurm_cluster.epilog,
+            health_check_program=slurm_cluster.health_check_program,
+            health_check_interval=slurm_cluster.health_check_interval,
+        )
         for n in backend.nodes(slurm_cluster.node_names):
             if n.drained:
                 _scontrol("update", f"NodeName={n.name}", "State=RESUME")
@@ -294,3 +303,34 @@ def test_hostile_user_cannot_drain_a_node_never_held_more_than_the_limit_or_an_a
     foreign = dc.as_user(OTHER, "scontrol", "update", f"JobId={victim}", "Comment=x")
     assert foreign.returncode != 0
     assert os.path.exists(dc.root / "node4" / "state" / "drain_requests.json")
+
+
+@pytest.mark.timeout(300)
+def test_healthcheck_resumes_a_requested_drain_only_after_the_hold(
+    drain_cluster: DrainCluster,
+) -> None:
+    """A user's trusted request cannot keep a healthy node out: HealthCheckProgram holds the
+    drain for `drain_request_hold_s`, then resumes it, since the node passes its checks."""
+    dc = drain_cluster
+    hold = 20.0
+    dc.policy("trust", hold_s=hold)
+    job = dc.submit(USER, "node2", f"--comment={_request('node2', kind='hung')}", command="true")
+    assert dc.epilog("node2", job)["drain_request"]["action"] == "drain"
+    drained_at = time.time()
+    assert dc.node("node2").reason.startswith(f"fthsdp: requested: job {job} user {USER}: hung:")
+    dc.cfg = devcluster.reconfigure(
+        dc.cfg, health_check_program=dc.healthcheck, health_check_interval=5
+    )
+
+    def held() -> bool:
+        return any(
+            "requested drain is held" in r["action"]["why"]
+            for r in dc.records("node2", "healthcheck")
+        )
+
+    _wait(held, 60, "HealthCheckProgram to hold node2's requested drain")
+    assert dc.node("node2").drained
+    _wait(lambda: not dc.node("node2").drained, 90, "node2 resumed after the hold")
+    assert time.time() - drained_at >= hold - 1.0
+    resumed = [r for r in dc.records("node2", "healthcheck") if r["action"]["action"] == "resume"]
+    assert resumed and resumed[-1]["action"].get("done") is True
