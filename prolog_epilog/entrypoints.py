@@ -292,7 +292,8 @@ def _run(
         record["action"]["done"] = done
         if decision.action == "resume" and done:
             state.put("prolog_failed", None)
-            state.put("requested_drain", None)
+            if state.get("requested_drain") is not None:
+                state.put("requested_drain", None)
         if (
             decision.action == "drain"
             and done
