@@ -310,7 +310,7 @@ def job_user(env: dict[str, str]) -> str | None:
     """The job's owner as slurmd tells the Epilog (`SLURM_JOB_USER`, else `SLURM_JOB_UID`'s
     name), never anything the job wrote; None when neither is usable."""
     name = env.get("SLURM_JOB_USER", "")
-    if name and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", name):
+    if name and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}", name):
         return name
     uid = env.get("SLURM_JOB_UID", "")
     if uid.isdigit():

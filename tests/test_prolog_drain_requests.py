@@ -155,6 +155,7 @@ def test_resume_hold(
     ("env", "want"),
     [
         ({"SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "0"}, "alice"),
+        ({"SLURM_JOB_USER": "jdoe@example.org"}, "jdoe@example.org"),
         ({"SLURM_JOB_UID": "0"}, "root"),
         ({"SLURM_JOB_UID": "4000000000"}, "uid4000000000"),
         ({"SLURM_JOB_USER": "a b:c", "SLURM_JOB_UID": "x"}, None),
