@@ -17,8 +17,9 @@ reason before it exits, and records its failure in the root-owned state_dir; whe
 not be made (slurmctld unreachable, the hook's hard deadline), `claim_prolog_error` renames the
 following `Prolog error` to an `fthsdp:` reason, so fthsdp resumes the node once it passes again.
 
-The epilog clean-up kills what the finished job's user left running on that job's GPUs and, when
-the user has nothing else running on the node, removes their files from /dev/shm.
+The epilog clean-up kills what the finished job's user left running on that job's GPUs (each
+process re-checked, owner and start time, right before it is signalled, so a reused pid is never
+hit) and, when the user has nothing else running on the node, removes their files from /dev/shm.
 """
 
 from __future__ import annotations
@@ -209,6 +210,20 @@ def fail_job(job_id: str, why: str, backend: CommandBackend) -> bool:
     return True
 
 
+def ending_job_comment(env: dict[str, str], job_id: str, backend: CommandBackend) -> str:
+    """The ending job's comment in the Epilog. slurmd passes it as `SLURM_JOB_COMMENT`, as it is
+    in slurmctld when the job ends (an update by the owner while it ran included), and leaves
+    the variable out when there is none, in an environment it builds itself (a job cannot add
+    to it); seen on 22.05, 24.11 and 26.05. So the Epilog of each node need not ask slurmctld,
+    which matters when a large job ends on all its nodes at once. Run any other way (no
+    `SLURM_SCRIPT_CONTEXT=epilog_slurmd`), the comment is read from slurmctld."""
+    if "SLURM_JOB_COMMENT" in env:
+        return env["SLURM_JOB_COMMENT"]
+    if env.get("SLURM_SCRIPT_CONTEXT") == "epilog_slurmd":
+        return ""
+    return job_comment(job_id, backend)
+
+
 def job_comment(job_id: str, backend: CommandBackend) -> str:
     try:
         jobs = backend.jobs([job_id])
@@ -221,11 +236,29 @@ def job_comment(job_id: str, backend: CommandBackend) -> str:
 # -- epilog clean-up ----------------------------------------------------------------------
 
 
-def _owner(pid: int) -> int | None:
+@dataclass(frozen=True)
+class ProcessId:
+    """A process as it was when chosen: a pid alone may name another process by the time it is
+    signalled (the stray exits, the pid is reused), so its owner and start time come along."""
+
+    pid: int
+    uid: int
+    start: int  # /proc/PID/stat field 22: clock ticks after boot
+
+
+def process_id(pid: int, proc: Path = Path("/proc")) -> ProcessId | None:
+    """The process `pid` is now (owner and start time), None when it is gone (or a zombie) or
+    unreadable."""
     try:
-        return os.stat(f"/proc/{pid}").st_uid
+        uid = os.stat(proc / str(pid)).st_uid
+        text = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
+    # The command name (field 2) is in parentheses and may hold spaces and ')'.
+    fields = text[text.rfind(")") + 2 :].split()
+    if len(fields) < 20 or not fields[19].isdigit() or fields[0] in ("Z", "X"):
+        return None  # a zombie has exited already: there is nothing left to signal
+    return ProcessId(pid, uid, int(fields[19]))
 
 
 def stray_processes(
@@ -233,33 +266,60 @@ def stray_processes(
     bus_to_index: dict[tuple[int, int, int] | None, int],
     uid: int,
     job_gpus: set[int] | None,
-) -> list[int]:
-    """PIDs on the job's GPUs (all GPUs if unknown) owned by the job's user."""
+) -> list[ProcessId]:
+    """The processes on the job's GPUs (all GPUs if unknown) owned by the job's user."""
     out = []
     for p in procs:
-        if _owner(p.pid) != uid:
+        ident = process_id(p.pid)
+        if ident is None or ident.uid != uid:
             continue
         idx = bus_to_index.get(normalize_bus(p.bus_id))
         if job_gpus is not None and idx is not None and idx not in job_gpus:
             continue
-        out.append(p.pid)
+        out.append(ident)
     return out
 
 
-def kill_pids(pids: list[int], grace: float) -> list[int]:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+def signal_process(target: ProcessId, sig: int) -> bool:
+    """Send `sig` to `target` only if the process with its pid is still the one chosen (same
+    owner, same start time); True when sent.
+
+    With a pidfd (Linux 5.3+), the descriptor is opened first and the identity checked after:
+    the descriptor names one process, so a pid reused after the check cannot receive the signal.
+    Without one, the check is made right before `kill`, which leaves only that instant.
+    """
+    try:
+        fd = os.pidfd_open(target.pid)
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):
+        if process_id(target.pid) != target:
+            return False
+        try:
+            os.kill(target.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    try:
+        if process_id(target.pid) != target:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def kill_pids(targets: list[ProcessId], grace: float) -> list[int]:
+    """SIGTERM each target, then SIGKILL those still alive (and still themselves) after
+    `grace`; returns the pids killed."""
+    for target in targets:
+        signal_process(target, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_owner(p) is not None for p in pids):
+    while time.monotonic() < deadline and any(process_id(t.pid) == t for t in targets):
         time.sleep(0.1)
-    killed = []
-    for pid in pids:
-        if _owner(pid) is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-    return killed
+    return [t.pid for t in targets if signal_process(t, signal.SIGKILL)]
 
 
 def user_has_processes(uid: int, proc: Path = Path("/proc")) -> bool:
@@ -307,11 +367,11 @@ def epilog_cleanup(
         try:
             gpus = source.gpus(timeout)
             procs = source.processes(timeout)
-            pids = stray_processes(
+            targets = stray_processes(
                 procs, {normalize_bus(g.bus_id): g.index for g in gpus}, uid, job_gpu_indices(env)
             )
-            report["signalled"] = pids
-            report["killed"] = kill_pids(pids, grace) if pids else []
+            report["signalled"] = [t.pid for t in targets]
+            report["killed"] = kill_pids(targets, grace) if targets else []
         except Exception as exc:  # clean-up is best effort; the checks still run
             report["kill_error"] = str(exc)[:200]
     if shm and uid != 0:

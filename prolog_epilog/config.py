@@ -21,6 +21,8 @@ from slurm.errors import InputError
 from slurm.health_names import CHECK_NAMES
 
 GPU_SOURCES = ("auto", "nvml", "nvidia-smi")
+#: What the Epilog does with a run's drain request (`prolog_epilog.drain_requests`).
+POLICIES = ("off", "recheck", "trust")
 #: What a job-requested check that errored does to that job (never to the node).
 JOB_CHECK_ERRORS = ("cancel", "ignore")
 _PATH_KEYS = (
@@ -148,7 +150,20 @@ def validate(table: dict[str, Any]) -> None:
             a["job_check_error"],
             f"allowed: {', '.join(JOB_CHECK_ERRORS)}",
         )
-    for key in ("lock_timeout_s", "prolog_failure_hold_s", "prolog_error_claim_s"):
+    if a["drain_requests"] not in POLICIES:
+        raise InputError(
+            "actions.drain_requests", a["drain_requests"], f"allowed: {', '.join(POLICIES)}"
+        )
+    if a["drain_requests_per_user_day"] < 0:
+        raise InputError(
+            "actions.drain_requests_per_user_day", a["drain_requests_per_user_day"], "must be >= 0"
+        )
+    for key in (
+        "lock_timeout_s",
+        "prolog_failure_hold_s",
+        "prolog_error_claim_s",
+        "drain_request_hold_s",
+    ):
         if not 0 <= a[key] < float("inf") or (key == "lock_timeout_s" and a[key] <= 0):
             raise InputError(f"actions.{key}", a[key], "a number of seconds (> 0 for the lock)")
     if g["total_budget_s"] <= 0 or g["timeout_s"] <= 0:

@@ -53,14 +53,21 @@ def job_health_env(cfg: DevClusterConfig) -> dict[str, str]:
 def entrypoint_wrapper(path: Path, mode: str, config: Path, conf: Path) -> str:
     """A shell script slurmd can run as Prolog/Epilog/HealthCheckProgram: it runs this checkout's
     `prolog_epilog.entrypoints MODE --config CONFIG` with absolute paths (slurmd runs it as root
-    in its own, nearly empty environment). Returns the script's path."""
+    in its own, nearly empty environment). Returns the script's path.
+
+    Python runs isolated (`-I`): no `PYTHON*` variable, no user site, and neither the working
+    directory nor a script's folder on the import path, so a root hook imports nothing a user
+    could put in its way; the checkout is put first on the path by name instead."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    boot = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+        "from prolog_epilog.entrypoints import main; sys.exit(main())"
+    )
     path.write_text(
         "#!/bin/sh\n"
         f"export SLURM_CONF={shlex.quote(str(conf))}\n"
-        f"export PYTHONPATH={shlex.quote(str(REPO))}\n"
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-        f"exec {shlex.quote(sys.executable)} -m prolog_epilog.entrypoints {mode} "
+        f"exec {shlex.quote(sys.executable)} -I -c {shlex.quote(boot)} {mode} "
         f"--config {shlex.quote(str(config))}\n"
     )
     path.chmod(0o755)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -117,7 +118,9 @@ def run_mode(
     budget = float(cfg.general["total_budget_s"])
     slurm_timeout = float(cfg.actions["slurm_timeout_s"])
     lock_timeout = float(cfg.actions["lock_timeout_s"])
-    hard = lock_timeout + budget + 6 * slurm_timeout + 15.0
+    # The Epilog also reads the job's drain request and the nodes it is judged by.
+    calls = 9 if mode == "epilog" else 6
+    hard = lock_timeout + budget + calls * slurm_timeout + 15.0
     fail_code = 1 if cfg.general["on_error"] == "fail" else 0
 
     def hard_exit() -> None:  # pragma: no cover - only when something blocks unexpectedly
@@ -213,8 +216,18 @@ def _run(
             bool(ep["clean_dev_shm"]),
             min(5.0, float(cfg.general["timeout_s"])),
         )
+    request = None
+    if mode == "epilog" and job_id and not only:
+        request = _judge_drain_request(cfg, env, job_id, backend, act, record)
+        if request is not None and request[1].action == "recheck":
+            names = list(dict.fromkeys([*cfg.default_checks, *names]))
     full = run_checks(names, cfg, mode=mode, source=source)
     suite, job_errors = actions.split_verdict(full, added, cfg.general["on_error"])
+    if request is not None and request[1].action == "recheck" and suite.drain_reason:
+        from prolog_epilog.drain_requests import annotate
+
+        user = request[1].record.user if request[1].record else "?"
+        suite = dataclasses.replace(suite, drain_reason=annotate(suite.drain_reason, job_id, user))
     record.update(suite.to_dict())
     for c in suite.checks:
         level = logging.INFO if c.status in ("pass", "skip") else logging.WARNING
@@ -232,8 +245,11 @@ def _run(
             record["job_cancelled"] = actions.fail_job(job_id, why, backend)
     drain_enabled = act and bool(cfg.actions["drain"]) and mode != "check"
     node_info = None
-    needs_node = (not suite.healthy and drain_enabled) or (
-        act and suite.healthy and mode == "healthcheck"
+    trusted = request[1] if request is not None and request[1].action == "drain" else None
+    needs_node = (
+        (not suite.healthy and drain_enabled)
+        or (act and suite.healthy and mode == "healthcheck")
+        or (trusted is not None and drain_enabled)
     )
     if needs_node:
         try:
@@ -258,6 +274,7 @@ def _run(
                     return 0 if suite.healthy else 1
         if since is not None and since < float(cfg.actions["prolog_failure_hold_s"]):
             hold = f"fthsdp's prolog failed here {since:.0f}s ago"
+        hold = hold or _requested_hold(cfg, state, node_info)
     decision = actions.decide(
         mode,
         suite,
@@ -267,13 +284,132 @@ def _run(
         drain_enabled,
         hold,
     )
+    if trusted is not None and suite.healthy and drain_enabled and trusted.reason:
+        decision = actions.Decision("drain", "a trusted drain request", trusted.reason)
     record["action"] = {"action": decision.action, "why": decision.why}
     if decision.action != "none" and act:
         done = actions.apply(decision, cfg.node, backend)
         record["action"]["done"] = done
         if decision.action == "resume" and done:
             state.put("prolog_failed", None)
+            if state.get("requested_drain") is not None:
+                state.put("requested_drain", None)
+        if (
+            decision.action == "drain"
+            and done
+            and decision.reason == getattr(trusted, "reason", None)
+        ):
+            state.put("requested_drain", {"at": time.time(), "reason": decision.reason})
     return 0 if suite.healthy else 1
+
+
+def _requested_hold(cfg: Any, state: Any, node: Any) -> str | None:
+    """Why HealthCheckProgram keeps a `requested` drain a while longer (None: it need not); the
+    drain's time is the one the Epilog recorded for this very reason, else from now on."""
+    from prolog_epilog.drain_requests import resume_hold
+
+    if node is None or not node.drained_by_us:
+        return None
+    saved = state.get("requested_drain")
+    at = None
+    if isinstance(saved, dict) and saved.get("reason") == node.reason:
+        value = saved.get("at")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            at = float(value)
+    hold, since = resume_hold(
+        node.reason, at, time.time(), float(cfg.actions["drain_request_hold_s"])
+    )
+    if since is not None and since != at:
+        state.put("requested_drain", {"at": since, "reason": node.reason})
+    return hold
+
+
+def _judge_drain_request(
+    cfg: Any, env: dict[str, str], job_id: str, backend: Any, act: bool, record: dict[str, Any]
+) -> tuple[Any, Any] | None:
+    """Read the ending job's drain request from slurmctld and judge it (`drain_requests.judge`),
+    recording it in the ledger before anything is done about it, so it is acted on at most once.
+    Returns (request, verdict), or None when the job's comment holds no request. Every refusal
+    is one log line; nothing here changes the Epilog's exit."""
+    from prolog_epilog import actions
+    from prolog_epilog import drain_requests as dr
+    from slurm import drain_request
+    from slurm.backend import SlurmCommandError
+    from slurm.errors import InputError
+
+    user = dr.job_user(env)
+    try:
+        request = drain_request.parse(actions.ending_job_comment(env, job_id, backend))
+    except InputError as exc:
+        verdict = dr.Verdict("refuse", f"malformed request: {exc}")
+        log.warning(dr.refusal_line(job_id, user, cfg.node, verdict.why))
+        record["drain_request"] = dr.as_record(verdict, None)
+        return None
+    if request is None:
+        return None
+    policy = str(cfg.actions["drain_requests"])
+    limit = int(cfg.actions["drain_requests_per_user_day"])
+    if not act or not cfg.actions["drain"]:
+        why = "this run may not act on Slurm" if not act else "draining is off (actions.drain)"
+        verdict = dr.Verdict("refuse", why)
+    else:
+        # Slurm is asked about nodes only for a request `judge` may accept: every node of a
+        # large job runs this Epilog at once, and all but one refuse on the node name.
+        asks = policy in ("recheck", "trust") and bool(user) and request.node == cfg.node
+        node_info = None
+        if asks:
+            try:
+                node_info = backend.node(cfg.node)
+            except SlurmCommandError as exc:
+                log.error("node %s unreadable for a drain request: %s", cfg.node, exc)
+        drained_for = None
+        if asks and policy == "trust" and user:
+            try:
+                drained_for = dr.nodes_drained_for(user, backend.nodes())
+            except SlurmCommandError as exc:
+                log.error("nodes unreadable for a drain request: %s", exc)
+        ledger = dr.Ledger(cfg.path("state_dir"))
+        try:
+            # Under the node lock already: the ledger's own lock is only ever briefly contended.
+            with ledger.locked(min(5.0, float(cfg.actions["lock_timeout_s"]))):
+                events: list[dr.Event] | None
+                try:
+                    events = ledger.read()
+                except dr.LedgerError as exc:
+                    log.error("drain requests refused until an operator fixes it: %s", exc)
+                    events = None
+                now = time.time()
+                verdict = dr.judge(
+                    request,
+                    policy=policy,
+                    job=job_id,
+                    user=user,
+                    node=cfg.node,
+                    events=events,
+                    limit=limit,
+                    node_info=node_info,
+                    user_drained=drained_for,
+                    now=now,
+                )
+                if verdict.record is not None and events is not None:
+                    ledger.write([*events, verdict.record], now)
+        except dr.LedgerError as exc:
+            log.error("drain-request ledger: %s", exc)
+            verdict = dr.Verdict("refuse", f"the drain-request ledger is unusable: {exc}")
+    record["drain_request"] = {**dr.as_record(verdict, request), "user": user}
+    if verdict.action in ("refuse", "skip"):
+        line = dr.refusal_line(job_id, user, cfg.node, verdict.why)
+        log.log(logging.INFO if verdict.action == "skip" else logging.WARNING, line)
+    else:
+        log.warning(
+            "drain request accepted: job %s user %s node %s kind %s: %s",
+            job_id,
+            user,
+            cfg.node,
+            request.kind,
+            verdict.why,
+        )
+    return request, verdict
 
 
 def _main(mode: str, argv: Sequence[str] | None) -> int:

@@ -117,18 +117,25 @@ def node_lock(directory: str | Path | None, timeout: float) -> Iterator[str | No
         yield f"{where / LOCK_FILE}: {exc.strerror}"
         return
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    yield f"another fthsdp hook held {where / LOCK_FILE} for {timeout:g}s"
-                    return
-                time.sleep(0.05)
+        if not flock_within(fd, timeout):
+            yield f"another fthsdp hook held {where / LOCK_FILE} for {timeout:g}s"
+            return
         yield None
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def flock_within(fd: int, timeout: float) -> bool:
+    """Take an exclusive `flock` on `fd`, waiting at most `timeout` seconds; False when another
+    holder kept it that long (an error other than "held" raises OSError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)

@@ -4,6 +4,8 @@ requested checks and the epilog's cleanup."""
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import pytest
 from health_harness import _suite
@@ -130,3 +132,43 @@ def test_epilog_cleanup_kills_only_the_jobs_strays_on_its_gpus() -> None:
         for p in (mine, other_gpu):
             p.kill()
             p.wait()
+
+
+@pytest.mark.timeout(30)
+def test_epilog_signals_only_the_process_it_chose_not_one_reusing_its_pid() -> None:
+    """The pid the epilog chose now names a process with another start time (or owner): it is
+    not signalled; the one that still is itself is."""
+    import dataclasses
+    import subprocess
+
+    from prolog_epilog.actions import kill_pids, process_id, signal_process
+
+    proc = subprocess.Popen(["sleep", "100"])
+    try:
+        ident = process_id(proc.pid)
+        assert ident is not None and ident.uid == os.getuid()
+        reused = dataclasses.replace(ident, start=ident.start - 1)
+        assert not signal_process(reused, signal.SIGTERM)
+        assert kill_pids([reused], grace=0.2) == []
+        assert proc.poll() is None
+        other_owner = dataclasses.replace(ident, uid=ident.uid + 1)
+        assert not signal_process(other_owner, signal.SIGKILL)
+        assert proc.poll() is None
+        assert kill_pids([ident], grace=2.0) == []  # SIGTERM was enough
+        assert proc.wait(timeout=5) == -signal.SIGTERM
+        assert not signal_process(ident, signal.SIGKILL)  # gone: nothing to signal
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_process_id_reads_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    from prolog_epilog.actions import ProcessId, process_id
+
+    (tmp_path / "42").mkdir()
+    fields = " ".join(["S", *[str(i) for i in range(4, 22)], "777", "0"])
+    (tmp_path / "42" / "stat").write_text(f"42 (a b) c) {fields}\n")
+    assert process_id(42, tmp_path) == ProcessId(42, os.getuid(), 777)
+    (tmp_path / "42" / "stat").write_text("42 (x) S 1\n")
+    assert process_id(42, tmp_path) is None
+    assert process_id(43, tmp_path) is None

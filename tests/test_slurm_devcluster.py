@@ -92,8 +92,9 @@ def test_health_settings_install_gating_and_task_env(tmp_path: Path) -> None:
     ):
         assert line in conf, line
     wrapper = (bin_dir / "fthsdp-prolog").read_text()
-    assert "-m prolog_epilog.entrypoints prolog --config" in wrapper
-    assert f"{tmp_path}/hardware/health.toml" in wrapper and f"PYTHONPATH={REPO}" in wrapper
+    assert " -I -c " in wrapper and "from prolog_epilog.entrypoints import main" in wrapper
+    assert "main())' prolog --config" in wrapper and "PYTHONPATH" not in wrapper
+    assert f"{tmp_path}/hardware/health.toml" in wrapper and repr(str(REPO)) in wrapper
     assert (tmp_path / "hardware" / "node2" / "bin" / "nvidia-smi").exists()
     assert "expected = 4" in (tmp_path / "hardware" / "health.toml").read_text()
     # The TaskProlog exports the job's hardware inputs unless the job set them itself.
