@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,6 +255,10 @@ def test_prolog_error_after_our_prolog_failed_is_taken_over_and_resumed(
     assert node3.drained and node3.reason == "Prolog error"
 
 
+def _resume_record(r: dict[str, Any]) -> bool:
+    return bool(r["mode"] == "healthcheck" and r.get("action", {}).get("action") == "resume")
+
+
 @pytest.mark.timeout(240)
 def test_healthcheck_never_races_a_failing_prolog(
     health_cluster: HealthCluster, tmp_path: Path
@@ -284,13 +289,16 @@ def test_healthcheck_never_races_a_failing_prolog(
         return not node1.drained and int(_job_field(job, "Restarts") or 0) >= 1
 
     _wait(resumed, 120, "node1 drained by the prolog, then resumed")
-    runs = [json.loads(x) for x in (hc.root / "health-node1.jsonl").read_text().splitlines()]
+    runs: list[dict[str, Any]] = []
+
+    def logged() -> bool:
+        # The hook writes its record after the resume it made: wait for the record itself.
+        runs[:] = [json.loads(x) for x in (hc.root / "health-node1.jsonl").read_text().splitlines()]
+        return any(_resume_record(r) for r in runs)
+
+    _wait(logged, 30, "the healthcheck's record of the resume")
     failed = [r["time"] for r in runs if r["mode"] == "prolog" and r["exit"] == 1]
-    resumes = [
-        r["time"]
-        for r in runs
-        if r["mode"] == "healthcheck" and r.get("action", {}).get("action") == "resume"
-    ]
+    resumes = [r["time"] for r in runs if _resume_record(r)]
     assert failed and resumes, runs[-5:]
     assert min(resumes) - max(f for f in failed if f <= min(resumes)) >= 19, (failed, resumes)
     assert "Prolog error" not in seen, seen
