@@ -231,7 +231,10 @@ def test_half_open_connections_are_evicted_at_the_cap(tmp_path: Path) -> None:
     out = asyncio.run(_cap_and_deadline(tmp_path, guard, 200))
     assert out["status"] == 200
     assert out["seconds"] < 5.0
-    assert out["refusals"].get("evicted at the connection cap", 0) >= 200 - 32
+    # One address: its own cap (here the same 32) evicts before the total cap does.
+    evicted = out["refusals"].get("evicted at the connection cap", 0)
+    evicted += out["refusals"].get("evicted at the per-peer cap", 0)
+    assert evicted >= 200 - 32
     assert out["rejections"] == []
 
 
