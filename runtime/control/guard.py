@@ -95,12 +95,19 @@ class GuardConfig:
 
 
 def printable(text: str, limit: int = LOG_LINE_MAX) -> str:
-    """`text` with anything unprintable escaped, cut to `limit` characters (marked `...`)."""
-    cut = text[: limit * 4]
-    escaped = "".join(c if c.isprintable() and c.isascii() else ascii(c)[1:-1] for c in cut)
-    if len(escaped) > limit or len(cut) < len(text):
-        return escaped[: limit - 3] + "..."
-    return escaped
+    """`text` with anything unprintable or not ASCII escaped (`\\n`, `\\x1b`), cut to at most
+    `limit` characters at a whole character and then marked `...`."""
+    out: list[str] = []
+    size = 0
+    for c in text:
+        piece = c if c.isprintable() and c.isascii() else ascii(c)[1:-1]
+        if size + len(piece) > limit:
+            while out and size + 3 > limit:
+                size -= len(out.pop())
+            return "".join(out) + "..."
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 class BoundedLog:
