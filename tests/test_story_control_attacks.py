@@ -248,20 +248,27 @@ def test_a_header_that_never_ends_is_dropped_at_its_deadline(tmp_path: Path) -> 
 
 @pytest.mark.timeout(300)
 def test_a_flood_neither_starves_a_signed_report_nor_grows_the_journal(tmp_path: Path) -> None:
-    """1,100 half-open connections held and 3,000 bad-signature requests in flight against a
-    real control process: 5 signed reports are answered (benchmarks/control_attack.py measures
-    the latency target of 1 s; this test allows 3 s on a loaded machine)."""
+    """1,100 held connections (half a header, a header's end then half a header, a header and
+    no body), 3,000 bad-signature requests and 2,000 random 4 KB paths in flight against a real
+    control process: 5 signed reports are answered (benchmarks/control_attack.py measures the
+    latency target of 1 s; this test allows 3 s on a loaded machine)."""
     raise_nofile()
     proc, url, secret = start_control(tmp_path)
+    run_dir = tmp_path / "run"
     try:
-        before = journal_rows(tmp_path / "run")
+        before = journal_rows(run_dir)
         out = asyncio.run(attack_round(url, secret, 1))
-        after = journal_rows(tmp_path / "run")
+        # A status report is committed with the journal's next group: wait for the fifth.
+        wait_for(lambda: journal_rows(run_dir)["events"] >= before["events"] + 5, what="commit")
+        after = journal_rows(run_dir)
     finally:
         proc.stop()
     assert out["legit_statuses"] == [200] * 5
     assert max(out["legit_latency_s"]) < 3.0, out["legit_latency_s"]
-    assert out["bad_statuses"] == {"401": 3000}
+    # Every bad request is refused: 401, or 503 while the loaded machine makes it shed load.
+    bad = out["bad_statuses"]
+    assert set(bad) <= {"401", "503"} and bad.get("401", 0) >= 2700, bad
+    assert set(out["long_path_statuses"]) <= {"404", "503"}, out["long_path_statuses"]
     assert out["half_open_opened"] >= 1100
     assert after["events"] - before["events"] == 5
     assert after["nonces"] - before["nonces"] == 5

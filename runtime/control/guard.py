@@ -14,7 +14,8 @@ Each connection is in one of three stages, and only the last one is safe from ev
   followed by half a header is still a connection without a request. Aborted at
   `header_timeout_s`.
 - `body`: a request was parsed but its sender has not proved anything yet (its body may never
-  come). Aborted at the body deadline.
+  come). Aborted at the body deadline; `answered` once its response is out (aiohttp may still
+  read a body nobody needs for a while), evicted first, and aborted at the same deadline.
 - `trusted`: the request's signature (or the metrics token) verified. Not evictable; bounded by
   `lifetime_s` like every connection (the coordinator serves one request per connection).
 
@@ -67,7 +68,10 @@ UNMATCHED = "unmatched"
 #: request: the handler's own body deadline answers 408 first.
 _BODY_GRACE_S = 1.0
 
-Stage = Literal["header", "body", "trusted"]
+Stage = Literal["header", "body", "answered", "trusted"]
+#: Which unauthenticated connection goes first at a cap: one already answered (aiohttp may
+#: linger reading a body nobody needs), then one without a request, then the oldest.
+_EVICT_FIRST: tuple[Stage, ...] = ("answered", "header")
 
 
 @dataclass(frozen=True)
@@ -285,9 +289,13 @@ class ConnectionGuard:
 
 
 def _evict(held: collections.OrderedDict[_Guarded, None], reason: str) -> None:
-    """Abort the oldest of `held` still waiting for its header, else the oldest."""
-    victim = next((c for c in held if c.stage == "header"), None) or next(iter(held))
-    victim.abort(reason)
+    """Abort the oldest of `held` in the first stage of `_EVICT_FIRST` it has, else its oldest."""
+    for stage in _EVICT_FIRST:
+        victim = next((c for c in held if c.stage == stage), None)
+        if victim is not None:
+            victim.abort(reason)
+            return
+    next(iter(held)).abort(reason)
 
 
 class _Guarded(asyncio.Protocol):
@@ -323,7 +331,7 @@ class _Guarded(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def _expired(self, stage: Stage, reason: str) -> None:
-        if self.stage == stage:
+        if self.stage == stage or (stage == "body" and self.stage == "answered"):
             self.abort(reason)
 
     def request_parsed(self) -> None:
@@ -336,6 +344,11 @@ class _Guarded(asyncio.Protocol):
         deadline = self._guard.config.body_timeout_s + _BODY_GRACE_S
         loop = asyncio.get_running_loop()
         self._timers.append(loop.call_later(deadline, self._expired, "body", "body timeout"))
+
+    def answered(self) -> None:
+        """Its response is out; an unauthenticated connection is now the first to evict."""
+        if self.stage == "body":
+            self.stage = "answered"
 
     def trust(self) -> None:
         """The request proved it holds a key: no longer evictable, off its peer's cap."""
@@ -454,6 +467,15 @@ def guard_middleware(refusals: Refusals) -> Any:
             )
             response = web.json_response({"error": "request could not be handled"}, status=400)
         response.force_close()
+        if conn is not None and conn.stage == "body":
+            # Written here rather than after the middleware returns, so that the connection is
+            # marked answered (first to evict) only once its response is on its way.
+            try:
+                await response.prepare(request)
+                await response.write_eof()
+            except ConnectionError:
+                return response
+            conn.answered()
         return response
 
     return guarded
