@@ -117,6 +117,7 @@ async def _hold(
             await asyncio.wait({read, done}, return_when=asyncio.FIRST_COMPLETED)
             if read.done():
                 flood.dropped_by_server += 1
+                read.exception()  # a reset is the drop itself; retrieved, so asyncio logs nothing
             for task in (read, done):
                 task.cancel()
         except OSError:
