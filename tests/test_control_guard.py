@@ -17,11 +17,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from control_harness import RecordingBackend
+from control_harness import RecordingBackend, two_replica_config
 
 from runtime.control.guard import GuardConfig
 from runtime.control.http import start_coordinator
-from runtime.control.policy import PolicyConfig
 from runtime.control.settings import CoordinatorConfig
 from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm.rundir import read_secret
@@ -42,13 +41,7 @@ def _no_body() -> bytes:
 
 
 def _config(run_dir: Path, guard: GuardConfig) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        run_dir=run_dir,
-        policy=PolicyConfig(replicas=2),
-        job_ids={0: "100", 1: "101"},
-        poll_jobs=False,
-        guard=guard,
-    )
+    return two_replica_config(run_dir, guard=guard)
 
 
 async def _open(port: int, payload: bytes, source: str) -> asyncio.StreamReader:

@@ -17,25 +17,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from control_harness import RecordingBackend
+from control_harness import RecordingBackend, two_replica_config
 
 from benchmarks.control_attack import rss_mib, start_control
 from runtime.control.guard import LOG_LINE_MAX, MAX_REFUSAL_KEYS, BoundedLog, Refusals, printable
 from runtime.control.http import start_coordinator
-from runtime.control.policy import PolicyConfig
-from runtime.control.settings import CoordinatorConfig
 from runtime.protocol import SIGNATURE_HEADER, TIMESTAMP_HEADER, ReplicaReport, replica_key_id, sign
 from slurm.rundir import read_secret
 
-
-def _config(run_dir: Path, **kw: Any) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        run_dir=run_dir,
-        policy=PolicyConfig(replicas=2),
-        job_ids={0: "100", 1: "101"},
-        poll_jobs=False,
-        **kw,
-    )
+_config = two_replica_config
 
 
 def _raw(port: int, request: bytes) -> bytes:

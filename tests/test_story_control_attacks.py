@@ -27,7 +27,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from control_harness import ControlProcess, RecordingBackend, install_fake_slurm, wait_for
+from control_harness import (
+    ControlProcess,
+    RecordingBackend,
+    install_fake_slurm,
+    two_replica_config,
+    wait_for,
+)
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.guard import GuardConfig
@@ -41,14 +47,7 @@ from slurm.rundir import read_secret
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config(run_dir: Path, **kw: Any) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        run_dir=run_dir,
-        policy=PolicyConfig(replicas=2),
-        job_ids={0: "100", 1: "101"},
-        poll_jobs=False,
-        **kw,
-    )
+_config = two_replica_config
 
 
 def _fatal(**fields: Any) -> dict[str, Any]:
