@@ -107,6 +107,7 @@ class MemoryBackend:
 
 
 async def serve(run_dir: Path, replicas: int) -> None:
+    from runtime.control.guard import GuardConfig
     from runtime.control.http import start_coordinator
     from runtime.control.policy import PolicyConfig
     from runtime.control.settings import CoordinatorConfig
@@ -120,6 +121,9 @@ async def serve(run_dir: Path, replicas: int) -> None:
         job_ids={k: job_of(k) for k in range(replicas)},
         port=0,
         poll_s=3.0,
+        # One address plays every leader here; on a cluster each leader is its own host, and
+        # the guard's per-address cap (64 unauthenticated connections) is for strangers.
+        guard=GuardConfig(per_peer_connections=GuardConfig.max_connections),
     )
     backend = MemoryBackend(replicas, run_dir / "actions.jsonl")
     running = await start_coordinator(config, backend)

@@ -349,6 +349,8 @@ class SignatureError(ValueError):
 
 _KEY_ID = re.compile(r"control|replica-[0-9]{1,6}")
 _NONCE = re.compile(r"[0-9a-f]{8,64}")
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def signed_headers(headers: Any) -> tuple[str, str, str, str]:
@@ -362,7 +364,8 @@ def signed_headers(headers: Any) -> tuple[str, str, str, str]:
         raise SignatureError(f"missing header {exc.args[0]}") from None
     if not _KEY_ID.fullmatch(key_id) or not _NONCE.fullmatch(nonce):
         raise SignatureError("bad key id or nonce")
-    if not timestamp.isdigit() or len(timestamp) > 12 or len(signature) != 64:
+    # ASCII only: `str.isdigit` takes "²", and `hmac.compare_digest` raises on non-ASCII text.
+    if not _TIMESTAMP.fullmatch(timestamp) or not _SIGNATURE.fullmatch(signature):
         raise SignatureError("bad timestamp or signature")
     return key_id, timestamp, nonce, signature
 

@@ -28,7 +28,8 @@ import pytest
 
 from prolog_epilog import dev_health
 from runtime.control.journal.store import Journal
-from runtime.control.policy import Requeue
+from runtime.control.policy import PolicyConfig, Requeue
+from runtime.control.settings import CoordinatorConfig
 from runtime.protocol import ReplicaReport, replica_key_id, sign
 from slurm import devcluster
 from slurm.backend import JobInfo, NodeInfo
@@ -70,6 +71,17 @@ with open(state_path + ".lock", "w") as lock:
         node["flags"] = ["DRAIN"]; node["reason"] = args[3].split("=", 1)[1]
     json.dump(state, open(state_path + ".tmp", "w")); os.replace(state_path + ".tmp", state_path)
 '''
+
+
+def two_replica_config(run_dir: Path, **kw: Any) -> CoordinatorConfig:
+    """An in-process coordinator's settings for replicas 0 and 1 (jobs 100 and 101), no polls."""
+    return CoordinatorConfig(
+        run_dir=run_dir,
+        policy=PolicyConfig(replicas=2),
+        job_ids={0: "100", 1: "101"},
+        poll_jobs=False,
+        **kw,
+    )
 
 
 def install_fake_slurm(root: Path, jobs: dict[str, str]) -> dict[str, str]:

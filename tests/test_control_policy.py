@@ -15,6 +15,7 @@ from runtime.control.policy import (
     Drain,
     Event,
     JobObserved,
+    Note,
     OperatorRequeue,
     PolicyConfig,
     Release,
@@ -34,7 +35,7 @@ from runtime.control.policy import (
 from runtime.protocol import ExitCode, ReplicaReport
 from slurm.backend import REASON_MAX
 
-JOBS = {0: "100", 1: "101", 2: "102"}
+JOBS = {0: "100", 1: "101", 2: "102", 3: "103"}
 CFG = PolicyConfig(replicas=3, min_replicas=2, max_restarts_per_replica=2, report_timeout_s=30.0)
 
 
@@ -184,6 +185,41 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
             Drain("node2", "fthsdp: silent: no report for 44s", 1),
             Requeue(1, "101", 0),
             Release(1, "101", 0.0),
+        ],
+    ),
+    (
+        "every replica silent at once -> the coordinator's outage: nothing drained or requeued",
+        [*WARM, Tick(45.0), Tick(100.0), Tick(1000.0)],
+        [],
+    ),
+    (
+        "two of three silent at once -> an outage too",
+        [*WARM, status(0, 2, 40.0), Tick(45.0)],
+        [],
+    ),
+    (
+        "last reports spread over 10 s are one window -> an outage",
+        [*WARM, status(1, 2, 10.0), Tick(35.0)],
+        [],
+    ),
+    (
+        "reports come back -> the outage ends; one still silent is requeued a timeout later",
+        [
+            *WARM,
+            Tick(45.0),
+            status(0, 2, 50.0),
+            status(1, 2, 50.0),
+            Tick(51.0),
+            Tick(60.0),
+            status(0, 3, 75.0),
+            status(1, 3, 75.0),
+            Tick(80.0),
+            Tick(82.0),
+        ],
+        [
+            Drain("node3", "fthsdp: silent: no report for 31s", 2),
+            Requeue(2, "102", 0),
+            Release(2, "102", 0.0),
         ],
     ),
     (
@@ -406,3 +442,54 @@ def test_straggler_eviction_drains_or_only_excludes(
     acts = [a for acts in per for a in acts]
     assert [action_from_dict(action_to_dict(a)) for a in acts] == acts  # type: ignore[arg-type]
     assert event_from_dict(event_to_dict(eviction)) == eviction
+
+
+# -- mass silence: the coordinator's outage ---------------------------------------------------
+
+OUTAGE_CASES: list[tuple[str, list[Event], PolicyConfig, list[int] | None]] = [
+    ("all three quiet", [*WARM, Tick(45.0)], CFG, [0, 1, 2]),
+    ("two of three", [*WARM, status(0, 2, 40.0), Tick(45.0)], CFG, [1, 2]),
+    ("one of three: its own fault", [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0)],
+     CFG, None),
+    ("quiet but nobody past the limit yet", [*WARM, Tick(20.0)], CFG, None),
+    ("one replica run: never an outage", [status(0, 1, 1.0), Tick(45.0)],
+     replace(CFG, replicas=1, min_replicas=1), None),
+    ("two of four is not more than half",
+     [*WARM, status(3, 1, 1.0), status(2, 2, 40.0), status(3, 2, 40.0), Tick(45.0)],
+     replace(CFG, replicas=4, min_replicas=1), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "events", "cfg", "silent"), OUTAGE_CASES, ids=[c[0] for c in OUTAGE_CASES]
+)
+def test_mass_silence_is_an_outage(
+    name: str, events: list[Event], cfg: PolicyConfig, silent: list[int] | None
+) -> None:
+    state, per_event = run(events, cfg)
+    if silent is None:
+        assert state.outage is None
+        return
+    assert state.outage == {"since": 45.0, "silent": silent, "watched": 3}
+    assert slurm_actions(per_event) == []
+    notes = [a for a in per_event[-1] if isinstance(a, Note)]
+    assert len(notes) == 1 and "the coordinator's outage" in notes[0].text
+    # No replica was decided on: every one still trains, with no directive.
+    assert all(r.handled is None and r.phase == "training" for r in state.replicas.values())
+
+
+def test_an_outage_is_noted_once_and_its_end_once() -> None:
+    events: list[Event] = [*WARM, Tick(45.0), Tick(46.0), Tick(47.0)]
+    events += [status(k, 2, 50.0) for k in range(3)] + [Tick(51.0), Tick(52.0)]
+    state, per_event = run(events)
+    notes = [a.text for acts in per_event for a in acts if isinstance(a, Note)]
+    assert len(notes) == 2
+    assert notes[1].startswith("control plane: reports are back after 6s of mass silence")
+    assert state.outage is None
+
+
+def test_an_outage_survives_a_snapshot() -> None:
+    state, _ = run([*WARM, Tick(45.0)])
+    again = RunState.from_dict(CFG, state.to_dict())
+    assert again.outage == state.outage is not None
+    assert RunState.from_dict(CFG, {**state.to_dict(), "outage": None}).outage is None

@@ -27,7 +27,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from control_harness import ControlProcess, RecordingBackend, install_fake_slurm, wait_for
+from control_harness import (
+    ControlProcess,
+    RecordingBackend,
+    install_fake_slurm,
+    two_replica_config,
+    wait_for,
+)
 
 from benchmarks.control_attack import attack_round, journal_rows, raise_nofile, start_control
 from runtime.control.guard import GuardConfig
@@ -41,14 +47,7 @@ from slurm.rundir import read_secret
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config(run_dir: Path, **kw: Any) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        run_dir=run_dir,
-        policy=PolicyConfig(replicas=2),
-        job_ids={0: "100", 1: "101"},
-        poll_jobs=False,
-        **kw,
-    )
+_config = two_replica_config
 
 
 def _fatal(**fields: Any) -> dict[str, Any]:
@@ -231,7 +230,10 @@ def test_half_open_connections_are_evicted_at_the_cap(tmp_path: Path) -> None:
     out = asyncio.run(_cap_and_deadline(tmp_path, guard, 200))
     assert out["status"] == 200
     assert out["seconds"] < 5.0
-    assert out["refusals"].get("evicted at the connection cap", 0) >= 200 - 32
+    # One address: its own cap (here the same 32) evicts before the total cap does.
+    evicted = out["refusals"].get("evicted at the connection cap", 0)
+    evicted += out["refusals"].get("evicted at the per-peer cap", 0)
+    assert evicted >= 200 - 32
     assert out["rejections"] == []
 
 
@@ -245,20 +247,27 @@ def test_a_header_that_never_ends_is_dropped_at_its_deadline(tmp_path: Path) -> 
 
 @pytest.mark.timeout(300)
 def test_a_flood_neither_starves_a_signed_report_nor_grows_the_journal(tmp_path: Path) -> None:
-    """1,100 half-open connections held and 3,000 bad-signature requests in flight against a
-    real control process: 5 signed reports are answered (benchmarks/control_attack.py measures
-    the latency target of 1 s; this test allows 3 s on a loaded machine)."""
+    """1,100 held connections (half a header, a header's end then half a header, a header and
+    no body), 3,000 bad-signature requests and 2,000 random 4 KB paths in flight against a real
+    control process: 5 signed reports are answered (benchmarks/control_attack.py measures the
+    latency target of 1 s; this test allows 3 s on a loaded machine)."""
     raise_nofile()
     proc, url, secret = start_control(tmp_path)
+    run_dir = tmp_path / "run"
     try:
-        before = journal_rows(tmp_path / "run")
+        before = journal_rows(run_dir)
         out = asyncio.run(attack_round(url, secret, 1))
-        after = journal_rows(tmp_path / "run")
+        # A status report is committed with the journal's next group: wait for the fifth.
+        wait_for(lambda: journal_rows(run_dir)["events"] >= before["events"] + 5, what="commit")
+        after = journal_rows(run_dir)
     finally:
         proc.stop()
     assert out["legit_statuses"] == [200] * 5
     assert max(out["legit_latency_s"]) < 3.0, out["legit_latency_s"]
-    assert out["bad_statuses"] == {"401": 3000}
+    # Every bad request is refused: 401, or 503 while the loaded machine makes it shed load.
+    bad = out["bad_statuses"]
+    assert set(bad) <= {"401", "503"} and bad.get("401", 0) >= 2700, bad
+    assert set(out["long_path_statuses"]) <= {"404", "503"}, out["long_path_statuses"]
     assert out["half_open_opened"] >= 1100
     assert after["events"] - before["events"] == 5
     assert after["nonces"] - before["nonces"] == 5

@@ -93,6 +93,7 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
         merged["drained"] = None
         merged["drained_unknown"] = unreadable
     merged["stragglers"] = straggler_rows(coord or {})
+    merged["outage"] = (coord or {}).get("outage")
     settle_replicas(merged)
     on_spares(merged, coord or {})
     return merged
@@ -209,6 +210,12 @@ def render_status(status: dict[str, Any]) -> Any:
         if job["role"] == "control":
             lines.append(f"control job {job['job_id']}: {job['state']}")
     lines.append(quorum_line(status))
+    if status.get("outage"):
+        o = status["outage"]
+        lines.append(
+            f"CONTROL PLANE PROBLEM: {len(o['silent'])} of {o['watched']} replicas silent at once "
+            "(the coordinator does not hear them); nothing is drained or requeued for silence"
+        )
     if status["drained"] is None:
         lines.append("drained: unknown (Slurm's node list could not be read)")
     for d in status["drained"] or []:

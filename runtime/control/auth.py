@@ -19,6 +19,8 @@ from slurm.errors import EnvironmentProblem
 from slurm.rundir import create_secret, read_secret
 
 SECRET_FILE = "secret"
+#: Derived keys kept in memory: the control key and every replica's of a large run.
+MAX_CACHED_KEYS = 8192
 
 
 def ensure_secret(run_dir: Path) -> bytes:
@@ -43,9 +45,17 @@ class RequestAuth:
         self._read_nonces: dict[str, float] = {}
 
     def key(self, key_id: str) -> bytes:
+        """The key for `key_id`; remembered for the first `MAX_CACHED_KEYS` ids asked for.
+
+        A key id is asked for before the signature is checked, so a stranger chooses it (any
+        of a million `replica-N`): past the bound a key is derived again each time (one HMAC)
+        instead of growing the cache.
+        """
         found = self._keys.get(key_id)
         if found is None:
-            found = self._keys[key_id] = derive_key(self.secret, key_id)
+            found = derive_key(self.secret, key_id)
+            if len(self._keys) < MAX_CACHED_KEYS:
+                self._keys[key_id] = found
         return found
 
     def read_nonce_seen(self, nonce: str) -> bool:

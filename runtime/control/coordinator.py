@@ -175,6 +175,8 @@ class Coordinator:
                 return False
             self.state = new
             self._seq = seq
+            if (new.outage is None) != (old.outage is None):
+                _log_outage(new.outage, event)
             changed = _changed(old, new, event)
             now = time.monotonic()
             self.stragglers.note_changed(old, new, changed)
@@ -370,7 +372,21 @@ def _changed(old: RunState, new: RunState, event: Event) -> list[int]:
 def _same(a: RunState, b: RunState) -> bool:
     """Equal states, compared field by field (no dict conversion: a 1,000-replica run ticks
     every second, and polls compare once per job)."""
-    return a.drained == b.drained and a.replicas == b.replicas
+    return a.drained == b.drained and a.replicas == b.replicas and a.outage == b.outage
+
+
+def _log_outage(outage: dict[str, Any] | None, event: Event) -> None:
+    """One line when mass silence begins and one when it ends (the journal has them as notes)."""
+    if outage is not None:
+        log.error(
+            "control plane problem: %d of %d replicas went silent at once; nothing is drained "
+            "or requeued for silence until their reports come back (check this node's network "
+            "and load, and who else connects to the coordinator's port)",
+            len(outage["silent"]),
+            outage["watched"],
+        )
+    else:
+        log.warning("control plane: reports are back at %.0f; mass silence is over", event.at)
 
 
 @functools.lru_cache(maxsize=4096)

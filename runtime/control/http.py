@@ -20,7 +20,9 @@ turns requests into its events and its state into answers (aiohttp; no hand-writ
 Every answer to a signed request is signed back under the same key, over the request's method,
 path and nonce (`runtime.protocol.answer_headers`): a supervisor acts on no answer it cannot
 verify. Every connection serves one request and sits behind `runtime.control.guard` (header and body
-deadlines, a connection cap that evicts half-open connections first). The service binds to the
+deadlines, a per-address and a total cap that evict unauthenticated connections; a connection is
+trusted once its signature verifies). Whatever a request sets off is answered with a 4xx and
+counted by route template and status, never a 500 or a traceback. The service binds to the
 job node's address unless told otherwise (`own_address`); it never listens on all interfaces
 by default.
 """
@@ -42,8 +44,11 @@ from runtime.control.coordinator import Coordinator
 from runtime.control.guard import (
     ConnectionGuard,
     GuardedSite,
-    one_request_per_connection,
+    StrangerLog,
+    guard_middleware,
     raise_open_files,
+    route_of,
+    trust,
 )
 from runtime.control.journal.writer import JournalUnavailable
 from runtime.control.metrics import aiohttp_handler
@@ -95,8 +100,9 @@ def _refuse(
     reason: str,
     retry_after_s: float | None = None,
 ) -> web.Response:
-    """Answer a refusal; it is counted in memory only (no journal row, no fsync)."""
-    coord.refusals.add(f"{status} {request.path}", reason, request.remote)
+    """Answer a refusal; it is counted in memory only (no journal row, no fsync), keyed by
+    the route's template and the status (never the raw path, which a stranger chooses)."""
+    coord.refusals.add(f"{status} {route_of(request)}", reason, request.remote)
     headers = {"Retry-After": str(round(retry_after_s))} if retry_after_s is not None else None
     return web.json_response({"error": reason}, status=status, headers=headers)
 
@@ -134,6 +140,7 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
         )
     except SignatureError as exc:
         raise _Refused(401, str(exc)) from None
+    trust(request)  # it holds a key of this run: the guard no longer evicts its connection
     allowed = key_id == CONTROL_KEY if keys == "control" else key_id.startswith("replica-")
     if not allowed:
         raise _Refused(403, f"key {key_id} may not call {request.method} {request.path}")
@@ -313,7 +320,7 @@ async def get_state(request: web.Request) -> web.Response:
 
 def make_app(coord: Coordinator) -> web.Application:
     app = web.Application(
-        client_max_size=MAX_REPORT_BYTES, middlewares=[one_request_per_connection]
+        client_max_size=MAX_REPORT_BYTES, middlewares=[guard_middleware(coord.refusals)]
     )
     app[COORDINATOR_KEY] = coord
     app.router.add_post("/v1/reports", post_report)
@@ -325,9 +332,11 @@ def make_app(coord: Coordinator) -> web.Application:
 
     async def get_metrics(request: web.Request) -> web.Response:
         if token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            # aiohttp decodes header bytes that are not UTF-8 with surrogate escapes.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 return _refuse(coord, request, 401, "metrics need the bearer token")
+            trust(request)
         return await metrics(request)
 
     app.router.add_get("/metrics", get_metrics)
@@ -352,7 +361,12 @@ async def start_coordinator(
     coord = Coordinator(config, backend)
     await coord.start()
     runner = web.AppRunner(
-        make_app(coord), access_log=None, max_line_size=4096, max_field_size=4096, max_headers=32
+        make_app(coord),
+        access_log=None,
+        logger=StrangerLog(coord.refusals),
+        max_line_size=4096,
+        max_field_size=4096,
+        max_headers=32,
     )
     await runner.setup()
     cap = raise_open_files(config.guard.max_connections)

@@ -17,7 +17,8 @@ this module imports neither the policy nor the coordinator:
                    "healing": false, "straggler": "ok"}, ...],
      "participants": 3, "quorum_id": 7, "cursor": 360, "ettr": 0.97,
      "requeues_by_reason": {"node": 1, "straggler": 1}, "evictions": 1,
-     "drained": [{"node": "node4", "reason": "fthsdp: straggler: node4 2.0x"}]}
+     "drained": [{"node": "node4", "reason": "fthsdp: straggler: node4 2.0x"}],
+     "outage": None, "refusals": {"401 /v1/reports": 3, "header timeout": 1}}
 
 Every key is optional: what the state does not have is not exported (never a made-up zero).
 """
@@ -181,10 +182,26 @@ def _families(state: Mapping[str, Any]) -> Iterator[Metric]:
     n_drained = GaugeMetricFamily("fthsdp_run_drained_nodes", "Nodes this run has drained.")
     n_drained.add_metric([], float(len(drained_list)))
     yield n_drained
+    outage = state.get("outage", ...)
+    if outage is not ...:
+        mass = GaugeMetricFamily(
+            "fthsdp_control_mass_silence",
+            "1 while most replicas are silent at once: the coordinator is not hearing them (its "
+            "network, its node, a flood), so nothing is drained or requeued for silence.",
+        )
+        mass.add_metric([], float(outage is not None))
+        yield mass
+        silent = GaugeMetricFamily(
+            "fthsdp_control_mass_silence_replicas",
+            "Replicas silent when the current mass silence began (0 when there is none).",
+        )
+        silent.add_metric([], float(len(outage["silent"])) if outage else 0.0)
+        yield silent
     refused = CounterMetricFamily(
         "fthsdp_control_refused",
-        "Requests and connections the coordinator refused since it started, by status and path "
-        "or by reason (header timeout, connection cap): unauthenticated traffic shows here.",
+        "Requests and connections the coordinator refused since it started, by status and route "
+        "template ('unmatched' for no route) or by reason (header timeout, eviction at a cap): "
+        "unauthenticated traffic shows here.",
         labels=["reason"],
     )
     for reason, total in sorted((state.get("refusals") or {}).items()):

@@ -11,7 +11,9 @@ Tiers (docs/design-facts.md, "Recovery tiers"):
    inside the allocation (directive `relaunch`);
 2. a node fault, a failed health check, or a replica silent past its report timeout -> drain the
    node with an `fthsdp:` reason, `scontrol requeue` the replica's job and make it eligible at
-   once (docs/design-facts.md, Slurm fact 2); the prolog gates the new nodes;
+   once (docs/design-facts.md, Slurm fact 2); the prolog gates the new nodes. When most replicas
+   fall silent at once, that is the control plane's outage, not theirs: nothing is done for
+   silence until reports come back (`_on_tick`);
 3. more than `max_restarts_per_replica` failures inside `restart_window_s` -> leave the replica
    out while `min_replicas` still hold, else back off (exponentially, capped) and try again.
 
@@ -112,6 +114,9 @@ class RunState:
     config: PolicyConfig
     replicas: dict[int, ReplicaState]
     drained: dict[str, str] = field(default_factory=dict)
+    #: While most replicas are silent at once (the coordinator's own outage, see `_on_tick`):
+    #: {"since": time, "silent": [replicas], "watched": replicas expected to report}.
+    outage: dict[str, Any] | None = None
 
     @classmethod
     def new(cls, config: PolicyConfig, job_ids: dict[int, str] | None = None) -> RunState:
@@ -136,6 +141,7 @@ class RunState:
             if r.replica in state.replicas:
                 state.replicas[r.replica] = r
         state.drained = {str(d["node"]): str(d["reason"]) for d in data["drained"]}
+        state.outage = data.get("outage")
         return state
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +149,7 @@ class RunState:
             "config": asdict(self.config),
             "replicas": [asdict(r) for _, r in sorted(self.replicas.items())],
             "drained": [{"node": n, "reason": why} for n, why in sorted(self.drained.items())],
+            "outage": self.outage,
         }
 
 
@@ -283,6 +290,8 @@ def _copy_for(state: RunState, event: Event) -> RunState:
     a 1,000-replica run pay O(replicas) per event."""
     if isinstance(event, CoordinatorStarted):
         return copy.deepcopy(state)
+    if isinstance(event, Tick) and state.outage is not None:
+        return copy.deepcopy(state)  # an outage that ends resets every replica's silence
     if isinstance(event, Tick):
         touched = [k for k, r in state.replicas.items() if _silence(state.config, r, event.at)]
     else:
@@ -295,7 +304,7 @@ def _copy_for(state: RunState, event: Event) -> RunState:
     replicas = dict(state.replicas)
     for k in touched:
         replicas[k] = copy.deepcopy(replicas[k])
-    return RunState(state.config, replicas, dict(state.drained))
+    return RunState(state.config, replicas, dict(state.drained), state.outage)
 
 
 def apply(new: RunState, event: Event) -> list[Action]:
@@ -581,16 +590,78 @@ def _silence(cfg: PolicyConfig, r: ReplicaState, at: float) -> float | None:
     return silent if silent > limit else None
 
 
-def _on_tick(state: RunState, ev: Tick, actions: list[Action]) -> None:
+def _watched(r: ReplicaState) -> bool:
+    """A replica expected to report every few seconds: training, no decision pending."""
+    return r.handled is None and r.phase in ("training", "healing")
+
+
+def _quiet(cfg: PolicyConfig, r: ReplicaState, at: float) -> bool:
+    """A watched replica that has not reported for half its report timeout: past the limit
+    already, or about to be within the same report-timeout window."""
+    if not _watched(r):
+        return False
+    since = r.last_report_at if r.last_report_at is not None else r.phase_since
+    return at - since > cfg.report_timeout_s / 2
+
+
+def mass_silence(state: RunState, at: float) -> tuple[list[int], int] | None:
+    """(quiet replicas, replicas expected to report) when most of them are quiet at once: at
+    least 2 and more than half of the training replicas. One leader that stops reporting is
+    its node's or its process's fault; most of them stopping within one report-timeout window
+    is the coordinator not hearing them (its network, its node, a flood at its port)."""
     cfg = state.config
+    watched = [r for r in state.replicas.values() if _watched(r)]
+    quiet = [r.replica for r in watched if _quiet(cfg, r, at)]
+    if len(quiet) >= 2 and 2 * len(quiet) > len(watched):
+        return quiet, len(watched)
+    return None
+
+
+def _on_tick(state: RunState, ev: Tick, actions: list[Action]) -> None:
+    """Silence past a replica's timeout is its node's fault (tier 2), unless most replicas
+    are silent at once: then it is the control plane's outage, journaled as a note and shown
+    in the state (`outage`), and nothing is drained or requeued for silence until reports come
+    back. When it ends, every replica's silence counts from then on (as after a restart)."""
+    cfg = state.config
+    mass = mass_silence(state, ev.at)
+    if state.outage is not None:
+        if mass is not None:
+            return
+        lasted = ev.at - float(state.outage["since"])
+        still = [k for k in state.outage["silent"] if _quiet(cfg, state.replicas[k], ev.at)]
+        state.outage = None
+        for r in state.replicas.values():
+            if r.last_report_at is not None:
+                r.last_report_at = max(r.last_report_at, ev.at)
+            r.phase_since = max(r.phase_since, ev.at)
+        actions.append(
+            Note(
+                None,
+                f"control plane: reports are back after {lasted:.0f}s of mass silence; "
+                f"silence counts again from now (still silent: {still[:16]})",
+            )
+        )
+        return
+    silent = {k: _silence(cfg, r, ev.at) for k, r in state.replicas.items()}
+    if mass is not None and any(v is not None for v in silent.values()):
+        quiet, watched = mass
+        state.outage = {"since": ev.at, "silent": quiet, "watched": watched}
+        actions.append(
+            Note(
+                None,
+                f"control plane: {len(quiet)} of {watched} replicas silent at once (more than "
+                f"{cfg.report_timeout_s / 2:.0f}s): the coordinator's outage, not theirs; "
+                "nothing drained or requeued for silence until reports come back",
+            )
+        )
+        return
     for r in state.replicas.values():
-        silent = _silence(cfg, r, ev.at)
-        if silent is None:
+        seconds = silent[r.replica]
+        if seconds is None:
             continue
         node = r.nodes[0] if (r.nodes and cfg.drain_on_silence) else None
-        _failure(
-            state, r, "node", node, f"no report for {silent:.0f}s", ev.at, actions, check="silent"
-        )
+        why = f"no report for {seconds:.0f}s"
+        _failure(state, r, "node", node, why, ev.at, actions, check="silent")
 
 
 def _on_operator(state: RunState, ev: OperatorRequeue, actions: list[Action]) -> None:
