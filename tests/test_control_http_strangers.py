@@ -178,8 +178,9 @@ def _flood(url: str, n: int, size: int) -> dict[str, int]:
 
 @pytest.mark.timeout(300)
 def test_a_long_path_flood_leaves_metrics_and_memory_small(tmp_path: Path) -> None:
-    """5,000 requests with random 4 KB paths against a real control process: each a 404 counted
-    under its route's template (`404 unmatched`, `404 /v1/replicas/{k}/directive`); `/metrics`
+    """5,000 requests with random 4 KB paths against a real control process: each refused and
+    counted under its route's template (`404 unmatched`; `401 /v1/replicas/{k}/directive`, whose
+    requests must be signed); `/metrics`
     stays under 20 KB, the process grows by little, and the log by a few bounded lines."""
     proc, url, _ = start_control(tmp_path)
     try:
@@ -197,14 +198,17 @@ def test_a_long_path_flood_leaves_metrics_and_memory_small(tmp_path: Path) -> No
         log_lines = log.read_bytes()[log_before:].decode(errors="replace").splitlines()
     finally:
         proc.stop()
-    assert sum(statuses.values()) == 5000 and set(statuses) == {"404 unmatched", "404 directive"}
-    by_route = {k: warm[f"404 {k}"] + statuses[f"404 {k}"] for k in ("unmatched", "directive")}
+    codes = {"unmatched": 404, "directive": 401}
+    assert sum(statuses.values()) == 5000 and set(statuses) == {
+        f"{c} {k}" for k, c in codes.items()
+    }
+    by_route = {k: warm[f"{c} {k}"] + statuses[f"{c} {k}"] for k, c in codes.items()}
     assert len(metrics) < 20_000, len(metrics)
     refused = [line for line in metrics.splitlines() if line.startswith("fthsdp_control_refused")]
     # Connections the client opened and never used may also time out; only requests count here.
-    refused = [line for line in refused if "404" in line]
+    refused = [line for line in refused if "404" in line or "401 /v1/replicas" in line]
     assert sorted(refused) == [
-        'fthsdp_control_refused_total{reason="404 /v1/replicas/{k}/directive"} '
+        'fthsdp_control_refused_total{reason="401 /v1/replicas/{k}/directive"} '
         f"{by_route['directive']}.0",
         f'fthsdp_control_refused_total{{reason="404 unmatched"}} {by_route["unmatched"]}.0',
     ], refused
