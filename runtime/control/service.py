@@ -2,9 +2,12 @@
 
 `fthsdp control` runs this in the run's small CPU job. The Lighthouse is torchft's own quorum
 server; importing `torchft` imports torch (about two seconds and a few hundred MB), so it runs
-as the `torchft_lighthouse` binary in a child process, restarted if it dies. The coordinator runs
-in this process's event loop. Both addresses go to `run_dir/control.json`, written atomically,
-which replicas read (and re-read after a control-plane restart).
+as the `torchft_lighthouse` binary in a child process, restarted if it dies. It listens on
+127.0.0.1 only: its dashboard can kill any replica and nothing in it is authenticated, so the
+public address is the `runtime.control.lighthouse_gate` gate's, which lets through only clients
+that prove the run's secret. The coordinator and the gate run in this process's event loop.
+Both public addresses go to `run_dir/control.json`, written atomically, which replicas read (and
+re-read after a control-plane restart).
 
 Startup waits are deadlines sized for a busy machine: the Lighthouse is a Python entry point
 that imports torch (3.4 s on an idle 2-core machine, far longer under load), so it gets
@@ -42,7 +45,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from runtime.control.auth import ensure_secret
 from runtime.control.http import RunningCoordinator, start_coordinator
+from runtime.control.lighthouse_gate import LighthouseGate, url
 from runtime.control.settings import CoordinatorConfig
 from runtime.net import free_port
 from slurm import contract
@@ -50,6 +55,9 @@ from slurm.errors import EnvironmentProblem
 from slurm.rundir import RunFileError, read_control, write_control_file
 
 log = logging.getLogger("fthsdp.control")
+
+#: Where the Lighthouse itself listens: only the gate on this node reaches it.
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,6 @@ def make_private(run_dir: Path) -> None:
     if logs.is_dir() and logs.stat().st_mode & 0o077:
         with contextlib.suppress(PermissionError):
             os.chmod(logs, 0o700)
-
-
-def url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class Lighthouse:
@@ -263,6 +267,26 @@ class Lighthouse:
                 continue
 
 
+async def start_gate(secret: bytes, house: Lighthouse, public: LighthouseConfig) -> LighthouseGate:
+    """The Lighthouse's gate on `public.host:public.port` (a free port when that one is 0 or
+    taken), piping authenticated clients to `house` on loopback."""
+    gate = LighthouseGate(secret, (LOOPBACK, house.port))
+    ports = (public.port, 0) if public.port else (0,)
+    for port in ports:
+        try:
+            await gate.start(public.host, port)
+            break
+        except OSError as exc:
+            if port == ports[-1]:
+                raise EnvironmentProblem(
+                    f"the Lighthouse gate cannot listen on {url(public.host, port)}: "
+                    f"{exc.strerror or exc}"
+                ) from None
+            log.warning("Lighthouse port %d is taken; the gate uses a free one", port)
+    log.info("Lighthouse on %s behind the gate %s", house.url, gate.url)
+    return gate
+
+
 async def watch_finish(
     coordinator: Any, grace_s: float, stop: asyncio.Event, every_s: float = 1.0
 ) -> None:
@@ -298,6 +322,7 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     house: Lighthouse | None = None
+    gate: LighthouseGate | None = None
     running: RunningCoordinator | None = None
     watcher: asyncio.Task[None] | None = None
     finisher: asyncio.Task[None] | None = None
@@ -317,9 +342,11 @@ async def serve(
         if lighthouse is not None:
             logs = coordinator.run_dir / "logs"
             logs.mkdir(mode=0o700, parents=True, exist_ok=True)
-            house = Lighthouse(lighthouse, logs / "lighthouse.log")
+            # The Lighthouse on loopback, the gate on the address and port it used to take.
+            house = Lighthouse(replace(lighthouse, host=LOOPBACK, port=0), logs / "lighthouse.log")
             await loop.run_in_executor(None, house.start_and_wait)
             watcher = loop.create_task(house.supervise())
+            gate = await start_gate(ensure_secret(coordinator.run_dir), house, lighthouse)
         if coordinator.port and not port_is_free(coordinator.host, coordinator.port):
             log.warning("coordinator port %d is taken; using a free one", coordinator.port)
             coordinator = replace(coordinator, port=0)
@@ -332,7 +359,7 @@ async def serve(
             ) from None
         info: dict[str, object] = {
             "coordinator": running.url,
-            "lighthouse": house.url if house else None,
+            "lighthouse": gate.url if gate else None,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started_at": time.time(),
@@ -349,5 +376,7 @@ async def serve(
                 task.cancel()
         if running is not None:
             await running.close()
+        if gate is not None:
+            await gate.close()
         if house is not None:
             house.stop()
