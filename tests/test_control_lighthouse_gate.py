@@ -35,6 +35,7 @@ from runtime.control.lighthouse_gate import (
     LighthouseGate,
     client_handshake,
     host_port,
+    peer_uid,
 )
 from runtime.protocol import replica_key_id
 
@@ -226,6 +227,56 @@ def test_a_flooding_peer_cannot_evict_another_peers_handshake() -> None:
             for sock in flood:
                 sock.close()
             other[1].close()
+
+    asyncio.run(main())
+
+
+def test_peer_uid_reads_the_kernels_socket_table(tmp_path: Path) -> None:
+    table = tmp_path / "tcp"
+    table.write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+        "   0: 0100007F:A3FB 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1234\n"
+    )
+    assert peer_uid(("127.0.0.1", 0xA3FB), ("127.0.0.1", 8080), table) == 1234
+    assert peer_uid(("127.0.0.1", 0xA3FC), ("127.0.0.1", 8080), table) is None
+    assert peer_uid(("127.0.0.1", 1), ("127.0.0.1", 2), tmp_path / "absent") is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+    reason="needs root and /usr/bin/python3 to connect as another user",
+)
+def test_the_forwarder_drops_another_users_connection() -> None:
+    """Loopback is open to every user of the node: the forwarder serves only its own."""
+
+    async def main() -> None:
+        async with gate_on_echo() as gate:
+            fwd = LighthouseForwarder(SECRET, replica_key_id(0), lambda: gate.url, timeout_s=2.0)
+            await fwd.start()
+            try:
+                code = (
+                    "import socket,sys\n"
+                    "s=socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+                    "s.sendall(b'ping'); s.settimeout(10)\n"
+                    "try: print(repr(s.recv(100)))\n"
+                    "except OSError as e: print('closed', type(e).__name__)"
+                )
+                proc = await asyncio.create_subprocess_exec(
+                    "/usr/bin/python3",  # the other user may not read this virtualenv
+                    "-c",
+                    code,
+                    str(fwd.port),
+                    user=65534,
+                    stdout=asyncio.subprocess.PIPE,
+                )
+                out, _ = await asyncio.wait_for(proc.communicate(), 30)
+                assert b"echo" not in out, out
+                assert fwd.strangers == 1
+                assert gate.stats.counts["accepted"] == 0
+                assert await _roundtrip(fwd.url) == b"echo:ping"  # its own user still gets in
+            finally:
+                await fwd.close()
 
     asyncio.run(main())
 

@@ -193,3 +193,20 @@ def test_sigterm_from_slurm_never_requeues(
             proc.kill()
             proc.wait()
     assert calls(root, "scontrol requeue") == []
+
+
+@pytest.mark.timeout(120)
+def test_each_step_is_pointed_at_the_supervisors_lighthouse_forwarder(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> None:
+    """The step's Manager reaches the gated Lighthouse through the supervisor's loopback
+    forwarder, the same one for every launch of the job."""
+    run_dir, _, env, proc = live_run
+    proc.start()
+    step = 'echo "$FTHSDP_LIGHTHOUSE_FORWARDER" >> "$1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit "$2"'
+    env = dict(env)
+    argv = _argv(env, run_dir, 10, step)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    first, second = launches(run_dir)
+    assert first == second and first.startswith("http://127.0.0.1:"), (first, second)

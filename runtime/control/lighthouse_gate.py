@@ -12,7 +12,9 @@ that took the port while the control job was away.
 Each replica's supervisor runs a `LighthouseForwarder` on 127.0.0.1:<free port> that does the
 handshake towards the gate for every connection, and the trainer's Manager is pointed at the
 forwarder (`TORCHFT_LIGHTHOUSE=http://127.0.0.1:<port>`); the forwarder re-reads the gate's
-address for every connection, so it follows a control job that was requeued elsewhere.
+address for every connection, so it follows a control job that was requeued elsewhere. Loopback
+is open to every user of the node, so the forwarder serves only connections from its own user
+(`peer_uid`, from the kernel's socket table) and drops the others.
 
 The handshake (all sizes fixed, so a reader never waits on a length a stranger chose beyond 32):
 
@@ -37,13 +39,16 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 from runtime.protocol import derive_key
@@ -318,6 +323,29 @@ class LighthouseGate:
             log.warning("Lighthouse gate refused unauthenticated connections: %s", counts)
 
 
+def peer_uid(
+    peer: tuple[str, int], local: tuple[str, int], table: Path = Path("/proc/net/tcp")
+) -> int | None:
+    """The uid owning the IPv4 socket `peer` connected to `local`, from the kernel's socket
+    table; None when it is not there (or not readable)."""
+    try:
+        lines = table.read_text().splitlines()[1:]
+    except OSError:
+        return None
+    want = (_hex_address(peer), _hex_address(local))
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 7 and (fields[1], fields[2]) == want:
+            return int(fields[7])
+    return None
+
+
+def _hex_address(address: tuple[str, int]) -> str:
+    """`127.0.0.1:8080` as /proc/net/tcp writes it: `0100007F:1F90`."""
+    packed = socket.inet_aton(address[0])
+    return f"{int.from_bytes(packed, 'little'):08X}:{address[1]:04X}"
+
+
 class LighthouseForwarder:
     """A replica's local end of the gate: 127.0.0.1:<port>, one handshake per connection."""
 
@@ -335,6 +363,8 @@ class LighthouseForwarder:
         self._server: asyncio.Server | None = None
         self.port = 0
         self.failures = 0
+        #: Connections dropped for coming from another user.
+        self.strangers = 0
         self._last_note = 0.0
 
     @property
@@ -352,6 +382,13 @@ class LighthouseForwarder:
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        uid = peer_uid(peer, local) if isinstance(peer, tuple) else None
+        if uid != os.getuid():
+            self.strangers += 1
+            self._fail(f"a connection from uid {uid} (not this user's) was dropped")
+            writer.transport.abort()
+            return
         address = self.gate()
         try:
             if address is None:
