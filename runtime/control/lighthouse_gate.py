@@ -442,6 +442,10 @@ class ForwarderThread:
         self._ready.set()
         self._loop.run_forever()
         self._loop.run_until_complete(self.forwarder.close())
+        tasks = asyncio.all_tasks(self._loop)  # connections still piped: end them
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self._loop.close()
 
     def start(self, timeout_s: float = 10.0) -> str:
