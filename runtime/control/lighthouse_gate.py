@@ -165,6 +165,10 @@ GATE_COUNTERS = (
 )
 
 
+#: The counters of connections that did not get through.
+REFUSALS = ("refused_bad_mac", "refused_malformed", "timed_out", "evicted")
+
+
 @dataclass
 class GateStats:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GATE_COUNTERS, 0))
@@ -297,7 +301,8 @@ class LighthouseGate:
         if key_id is None:
             self.stats.add(outcome)
             writer.transport.abort()
-            self._note()
+            if outcome != "closed_early":  # a bare connect is how replicas see the gate is up
+                self._note()
             return
         self.stats.add("authenticated")
         try:
@@ -319,7 +324,7 @@ class LighthouseGate:
         now = time.monotonic()
         if now - self._last_note >= 60.0:
             self._last_note = now
-            counts = {k: v for k, v in self.stats.counts.items() if v}
+            counts = {k: v for k, v in self.stats.counts.items() if v and k in REFUSALS}
             log.warning("Lighthouse gate refused unauthenticated connections: %s", counts)
 
 
