@@ -281,6 +281,59 @@ def test_the_forwarder_drops_another_users_connection() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.timeout(120)
+def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back_on_it(
+    tmp_path: Path,
+) -> None:
+    """The control job's gate runs in a child process: a taken port gives way to a free one, and
+    a gate that dies is started again on the port the replicas know."""
+    from runtime.control.service import GateProcess, supervise
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+
+    async def through(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await client_handshake(reader, writer, SECRET, replica_key_id(3))
+        writer.write(b"x")
+        got = await reader.read(100)
+        writer.close()
+        return got
+
+    async def main() -> None:
+        echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
+        upstream = echo.sockets[0].getsockname()[1]
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            gate = GateProcess("127.0.0.1", busy, upstream, secret, tmp_path / "gate.log")
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, gate.start_and_wait)
+        watcher = asyncio.ensure_future(supervise(gate, "gate"))
+        try:
+            assert gate.port != busy
+            assert await through(gate.port) == b"echo:x"
+            assert gate.proc is not None
+            gate.proc.kill()
+            while gate.restarts < 1:
+                await asyncio.sleep(0.05)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert await through(gate.port) == b"echo:x"
+                    break
+                except (OSError, asyncio.IncompleteReadError):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+        finally:
+            watcher.cancel()
+            await loop.run_in_executor(None, gate.stop)
+            echo.close()
+
+    asyncio.run(main())
+
+
 # -- the real control plane and real torchft trainers ----------------------------------------
 
 

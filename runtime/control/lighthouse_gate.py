@@ -465,3 +465,47 @@ class ForwarderThread:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m runtime.control.lighthouse_gate --bind HOST --port P --upstream-port L
+    --secret-file F`: the gate in a process of its own, as the control job runs it, so that
+    piping every Manager's heartbeats never takes the coordinator's event loop or its core. It
+    prints the port it listens on as its first line, and stops on SIGTERM. The secret comes
+    from a file: a command line is readable by every user of the node."""
+    import argparse
+    import signal
+    import sys
+
+    from slurm.rundir import read_secret
+
+    parser = argparse.ArgumentParser(description="The run's Lighthouse gate.")
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--upstream-port", type=int, required=True)
+    parser.add_argument("--secret-file", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def run() -> None:
+        gate = LighthouseGate(read_secret(args.secret_file), ("127.0.0.1", args.upstream_port))
+        await gate.start(args.bind, args.port)
+        print(gate.port, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await gate.close()
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        print(
+            f"the Lighthouse gate cannot listen on {args.bind}:{args.port}: {exc}", file=sys.stderr
+        )
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
