@@ -101,6 +101,8 @@ class WorkerEnv:
     health_checks: tuple[str, ...] = ()
     control_file: Path | None = None
     static_lighthouse: str | None = None
+    #: The supervisor's forwarder to the gated Lighthouse, which the Manager uses when set.
+    lighthouse_forwarder: str | None = None
     slurm_job_id: str | None = None
     nodes: tuple[str, ...] = ()
 
@@ -266,6 +268,7 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         health_checks=checks,
         control_file=control,
         static_lighthouse=lighthouse,
+        lighthouse_forwarder=env.get(contract.LIGHTHOUSE_FORWARDER) or None,
         slurm_job_id=job_id,
         nodes=nodes,
     )

@@ -35,6 +35,9 @@ HEALTH_CHECKS = "FTHSDP_HEALTH_CHECKS"
 #: name is read as the fallback.
 LIGHTHOUSE = "FTHSDP_LIGHTHOUSE"
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+#: The replica supervisor's local forwarder to the gated Lighthouse (`http://127.0.0.1:PORT`):
+#: the leader's Manager talks to the Lighthouse through it.
+LIGHTHOUSE_FORWARDER = "FTHSDP_LIGHTHOUSE_FORWARDER"
 
 # -- what a foreign torchft trainer's group exports (`slurm.render.foreign_env`) ---------------
 TRAIN_MODE = "FTHSDP_TRAIN_MODE"

@@ -272,3 +272,20 @@ def test_an_unsigned_directive_is_no_answer(
     assert calls(root, "scontrol requeue") == ["scontrol requeue 101"]
     assert "answer not signed" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_each_step_is_pointed_at_the_supervisors_lighthouse_forwarder(
+    live_run: tuple[Path, Path, dict[str, str], ControlProcess],  # noqa: F811
+) -> None:
+    """The step's Manager reaches the gated Lighthouse through the supervisor's loopback
+    forwarder, the same one for every launch of the job."""
+    run_dir, _, env, proc = live_run
+    proc.start()
+    step = 'echo "$FTHSDP_LIGHTHOUSE_FORWARDER" >> "$1"; [ "$FTHSDP_LAUNCH" != 0 ] || exit "$2"'
+    env = dict(env)
+    argv = _argv(env, run_dir, 10, step)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    first, second = launches(run_dir)
+    assert first == second and first.startswith("http://127.0.0.1:"), (first, second)

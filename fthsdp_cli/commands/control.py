@@ -59,7 +59,8 @@ def _run_dir(f: Callable[..., None]) -> Callable[..., None]:
     type=click.IntRange(0, 65535),
     default=0,
     show_default=True,
-    help="0 = a free port.",
+    help="The Lighthouse gate's public port (the Lighthouse itself listens on 127.0.0.1); "
+    "0 = a free port.",
 )
 @click.option(
     "--coordinator-port",

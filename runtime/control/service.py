@@ -2,9 +2,14 @@
 
 `fthsdp control` runs this in the run's small CPU job. The Lighthouse is torchft's own quorum
 server; importing `torchft` imports torch (about two seconds and a few hundred MB), so it runs
-as the `torchft_lighthouse` binary in a child process, restarted if it dies. The coordinator runs
-in this process's event loop. Both addresses go to `run_dir/control.json`, written atomically,
-which replicas read (and re-read after a control-plane restart).
+as the `torchft_lighthouse` binary in a child process, restarted if it dies. It listens on
+127.0.0.1 only: its dashboard can kill any replica and nothing in it is authenticated, so the
+public address is the `runtime.control.lighthouse_gate` gate's, which lets through only clients
+that prove the run's secret; the gate runs in a child process of its own (`GateProcess`), so
+that piping the Managers' heartbeats never takes the coordinator's event loop, and is restarted
+on its port if it dies. The coordinator runs in this process's event loop.
+Both public addresses go to `run_dir/control.json`, written atomically, which replicas read (and
+re-read after a control-plane restart).
 
 Startup waits are deadlines sized for a busy machine: the Lighthouse is a Python entry point
 that imports torch (3.4 s on an idle 2-core machine, far longer under load), so it gets
@@ -30,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -39,10 +45,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from runtime.control.auth import SECRET_FILE, ensure_secret
 from runtime.control.http import RunningCoordinator, start_coordinator
+from runtime.control.lighthouse_gate import url
 from runtime.control.settings import CoordinatorConfig
 from runtime.net import free_port
 from slurm import contract
@@ -50,6 +58,9 @@ from slurm.errors import EnvironmentProblem
 from slurm.rundir import RunFileError, read_control, write_control_file
 
 log = logging.getLogger("fthsdp.control")
+
+#: Where the Lighthouse itself listens: only the gate on this node reaches it.
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -135,10 +146,6 @@ def make_private(run_dir: Path) -> None:
     if logs.is_dir() and logs.stat().st_mode & 0o077:
         with contextlib.suppress(PermissionError):
             os.chmod(logs, 0o700)
-
-
-def url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class Lighthouse:
@@ -236,31 +243,106 @@ class Lighthouse:
                     raise
 
     async def supervise(self) -> None:
-        delay = 0.5
-        while True:
-            await asyncio.sleep(0.5)
-            if self.proc is not None and self.proc.poll() is not None:
-                log.error(
-                    "lighthouse exited (%s); restarting in %.1fs", self.proc.returncode, delay
-                )
-                await asyncio.sleep(delay)
-                self.restarts += 1
-                self.start()
-                delay = min(delay * 2, 30.0)
+        await supervise(self, "lighthouse")
 
     def stop(self) -> None:
         """Stop its process group: SIGTERM, then SIGKILL after 5 s."""
-        proc = self.proc
-        if proc is None:
+        stop_group(self.proc)
+
+
+class _Child(Protocol):
+    proc: subprocess.Popen[bytes] | None
+    restarts: int
+
+    def start(self) -> None: ...
+
+
+async def supervise(child: _Child, name: str) -> None:
+    """Start `child` again, with backoff, whenever its process exits."""
+    delay = 0.5
+    while True:
+        await asyncio.sleep(0.5)
+        if child.proc is not None and child.proc.poll() is not None:
+            log.error("%s exited (%s); restarting in %.1fs", name, child.proc.returncode, delay)
+            await asyncio.sleep(delay)
+            child.restarts += 1
+            child.start()
+            delay = min(delay * 2, 30.0)
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child's process group: SIGTERM, then SIGKILL after 5 s."""
+    if proc is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
             return
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class GateProcess:
+    """The Lighthouse's gate (`runtime.control.lighthouse_gate`) in a child process of its own,
+    so that piping the Managers' heartbeats never takes the coordinator's event loop; restarted
+    on the same port when it dies."""
+
+    def __init__(
+        self, host: str, port: int, upstream_port: int, secret_file: Path, log_path: Path
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.upstream_port = upstream_port
+        self.secret_file = secret_file
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return url(self.host, self.port)
+
+    def start(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()  # a restart: its port line is not read again
+        argv = [sys.executable, "-m", "runtime.control.lighthouse_gate", "--bind", self.host]
+        argv += ["--port", str(self.port), "--upstream-port", str(self.upstream_port)]
+        argv += ["--secret-file", str(self.secret_file)]
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=out, start_new_session=True
+            )
+
+    def start_and_wait(self, timeout_s: float = 60.0) -> None:
+        """Start it, on `port` then (when that is taken) on a free one, and wait for the port it
+        listens on; `EnvironmentProblem` when it cannot listen."""
+        for port in (self.port, 0) if self.port else (0,):
+            self.port = port
+            self.start()
+            found = self._read_port(timeout_s)
+            if found:
+                self.port = found
                 return
-            except subprocess.TimeoutExpired:
-                continue
+            stop_group(self.proc)
+            if port:
+                log.warning("Lighthouse port %d is taken; the gate uses a free one", port)
+        raise EnvironmentProblem(
+            f"the Lighthouse gate cannot listen on {self.host}; see {self.log_path}"
+        )
+
+    def _read_port(self, timeout_s: float) -> int | None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        text = line.decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else None
+
+    def stop(self) -> None:
+        stop_group(self.proc)
 
 
 async def watch_finish(
@@ -298,6 +380,8 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     house: Lighthouse | None = None
+    gate: GateProcess | None = None
+    gate_watcher: asyncio.Task[None] | None = None
     running: RunningCoordinator | None = None
     watcher: asyncio.Task[None] | None = None
     finisher: asyncio.Task[None] | None = None
@@ -317,9 +401,21 @@ async def serve(
         if lighthouse is not None:
             logs = coordinator.run_dir / "logs"
             logs.mkdir(mode=0o700, parents=True, exist_ok=True)
-            house = Lighthouse(lighthouse, logs / "lighthouse.log")
+            # The Lighthouse on loopback, the gate on the address and port it used to take.
+            house = Lighthouse(replace(lighthouse, host=LOOPBACK, port=0), logs / "lighthouse.log")
             await loop.run_in_executor(None, house.start_and_wait)
             watcher = loop.create_task(house.supervise())
+            ensure_secret(coordinator.run_dir)
+            gate = GateProcess(
+                lighthouse.host,
+                lighthouse.port,
+                house.port,
+                coordinator.run_dir / SECRET_FILE,
+                logs / "lighthouse-gate.log",
+            )
+            await loop.run_in_executor(None, gate.start_and_wait)
+            gate_watcher = loop.create_task(supervise(gate, "the Lighthouse gate"))
+            log.info("Lighthouse on %s behind the gate %s", house.url, gate.url)
         if coordinator.port and not port_is_free(coordinator.host, coordinator.port):
             log.warning("coordinator port %d is taken; using a free one", coordinator.port)
             coordinator = replace(coordinator, port=0)
@@ -332,7 +428,7 @@ async def serve(
             ) from None
         info: dict[str, object] = {
             "coordinator": running.url,
-            "lighthouse": house.url if house else None,
+            "lighthouse": gate.url if gate else None,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started_at": time.time(),
@@ -344,10 +440,12 @@ async def serve(
             finisher = loop.create_task(watch_finish(running.coordinator, finish_grace_s, stop))
         await stop.wait()
     finally:
-        for task in (watcher, finisher):
+        for task in (watcher, gate_watcher, finisher):
             if task is not None:
                 task.cancel()
         if running is not None:
             await running.close()
+        if gate is not None:
+            gate.stop()
         if house is not None:
             house.stop()

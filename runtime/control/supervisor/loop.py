@@ -9,6 +9,11 @@ to requeue the job; with the coordinator away the supervisor requeues its own jo
 the job itself afterwards. The step gets `FTHSDP_REPLICA`, `FTHSDP_RUN_DIR`, `FTHSDP_LAUNCH` and
 `FTHSDP_INCARNATION` so the worker's reports can name the same launch; in torchft mode the launch
 goes through `torchft_mode`.
+
+The run's Lighthouse sits behind an authenticated gate (`runtime.control.lighthouse_gate`): the
+supervisor runs a forwarder on 127.0.0.1 for its whole life that proves the replica's key to the
+gate, and each step's Manager is pointed at it (`FTHSDP_LIGHTHOUSE_FORWARDER`, and
+`TORCHFT_LIGHTHOUSE` for a foreign trainer).
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from runtime.control.lighthouse_gate import ForwarderThread, LighthouseForwarder
 from runtime.control.supervisor.config import SupervisorConfig
-from runtime.control.supervisor.control_plane import ControlPlaneWait
+from runtime.control.supervisor.control_plane import ControlPlaneWait, lighthouse_url
 from runtime.control.supervisor.coordinator_link import CoordinatorLink, FailedStep
 from runtime.control.supervisor.exits import EXIT_FOR_REQUEUE, EXIT_NO_CONTROL_PLANE
 from runtime.control.supervisor.torchft_mode import ForeignSteps
-from runtime.protocol import ExitCode
+from runtime.protocol import ExitCode, replica_key_id
 from slurm import contract
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
+from slurm.rundir import read_secret
 
 log = logging.getLogger("fthsdp.supervisor")
 
@@ -50,6 +57,24 @@ class Supervisor:
         self.control = ControlPlaneWait(config, self.backend, sleep)
         self.coordinator = CoordinatorLink(config, sleep)
         self.foreign = ForeignSteps(config)
+        self.forwarder: ForwarderThread | None = None
+
+    def start_forwarder(self) -> str | None:
+        """Start the local forwarder to the gated Lighthouse; its URL, or None when the run has
+        no secret (a hand-made run directory: the step then uses the control file's address)."""
+        c = self.config
+        path = c.run_dir / "secret"
+        if not path.exists():
+            return None
+        run_dir = c.run_dir
+        forwarder = LighthouseForwarder(
+            read_secret(path), replica_key_id(c.replica), lambda: lighthouse_url(run_dir)
+        )
+        self.forwarder = ForwarderThread(forwarder)
+        found = self.forwarder.start()
+        self.foreign.lighthouse = found
+        log.info("replica %d reaches the Lighthouse through %s", c.replica, found)
+        return found
 
     def incarnation(self) -> str:
         c = self.config
@@ -78,6 +103,8 @@ class Supervisor:
                 contract.INCARNATION: self.incarnation(),
             }
         )
+        if self.forwarder is not None:
+            env[contract.LIGHTHOUSE_FORWARDER] = self.forwarder.forwarder.url
         if c.mode == "torchft":
             return self.foreign.run(env, self.launch, self.incarnation(), self._started)
         self.child = subprocess.Popen(c.command, env=env)
@@ -93,6 +120,7 @@ class Supervisor:
     def run(self) -> int:
         """Run the step until it succeeds or a directive says to stop; returns the exit code."""
         previous = signal.signal(signal.SIGTERM, self._forward)
+        self.start_forwarder()
         try:
             while self.launch < self.config.max_launches:
                 if not self.control.wait():
@@ -133,6 +161,8 @@ class Supervisor:
             return EXIT_FOR_REQUEUE
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if self.forwarder is not None:
+                self.forwarder.stop()
 
     def _requeue_self(self) -> bool:
         job = self.config.job_id

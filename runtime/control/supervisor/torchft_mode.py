@@ -1,11 +1,11 @@
 """A foreign torchft trainer's launch under the replica supervisor (`[train] mode = "torchft"`).
 
-The trainer reports nothing, so the supervisor gives each launch the Lighthouse from
-`control.json` (`TORCHFT_LIGHTHOUSE`) and a free rendezvous port on the group's first node
-(`MASTER_ADDR`, `MASTER_PORT`, `FTHSDP_RDZV_ENDPOINT`), and speaks for the group itself
-(`runtime.control.foreign_step`): progress read from the trainer's output or file, its node
-watched, leftovers of a dead step killed. The last step's node fault and hung reason are kept for
-the supervisor's fatal report.
+The trainer reports nothing, so the supervisor gives each launch the Lighthouse
+(`TORCHFT_LIGHTHOUSE`: the supervisor's forwarder to the gate that `control.json` names) and a
+free rendezvous port on the group's first node (`MASTER_ADDR`, `MASTER_PORT`,
+`FTHSDP_RDZV_ENDPOINT`), and speaks for the group itself (`runtime.control.foreign_step`):
+progress read from the trainer's output or file, its node watched, leftovers of a dead step
+killed. The last step's node fault and hung reason are kept for the supervisor's fatal report.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class ForeignSteps:
         self.node_fault: tuple[str, list[str]] | None = None
         #: Why the last foreign step was stopped as hung, or None.
         self.hung: str | None = None
+        #: The supervisor's forwarder to the gated Lighthouse, when it runs one.
+        self.lighthouse: str | None = None
 
     def run(
         self,
@@ -61,7 +63,7 @@ class ForeignSteps:
         except (RendezvousError, SlurmOutputError, EnvironmentProblem) as exc:
             log.error("replica %d: no rendezvous address: %s", c.replica, exc)
             return int(ExitCode.BAD_ENV)
-        endpoints = GroupEndpoints(found, host, pick_port(incarnation))
+        endpoints = GroupEndpoints(self.lighthouse or found, host, pick_port(incarnation))
         env.update(launch_env(endpoints))
         dump_dir(c.run_dir, c.replica).mkdir(parents=True, exist_ok=True)
         progress = progress_path(c.progress_file, c.run_dir, c.replica) if c.progress_file else None
