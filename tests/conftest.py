@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import site_install as site_install_module
 import user_harness
 
 from slurm import devcluster
@@ -61,6 +62,8 @@ def slurm_cluster() -> Iterator[devcluster.DevClusterConfig]:
     site's Slurm configuration is world-readable.
     """
     _require_slurm()
+    # Before any node's simulated hardware is written (a root-only story may come first).
+    _share_simulated_tools(site_install_module.site_prefix())
     with open_folder("fthsdp-devcluster-") as directory:
         yield from _session_cluster(directory)
 
@@ -103,6 +106,49 @@ def user_base() -> Iterator[Path]:
     (`user_harness.user_folder`)."""
     with open_folder("fthsdp-users-") as path:
         yield path
+
+
+def _share_simulated_tools(prefix: Path) -> None:
+    """Have the simulated `nvidia-smi` run on the site install's interpreter, which every job
+    user can run on every release (inside a chroot there is no system Python)."""
+    python = prefix / "bin" / "python"
+    if python.exists():
+        os.environ.setdefault("FTHSDP_SIM_PYTHON", str(python))
+
+
+@pytest.fixture(scope="session")
+def site_install(job_users: tuple[str, str]) -> Path:
+    """The cached site install (`tests/site_install.py`), checked to start as the job user."""
+    try:
+        prefix = site_install_module.ensure()
+        site_install_module.check_usable(prefix)
+    except site_install_module.SiteInstallError as exc:
+        pytest.fail(str(exc))
+    _share_simulated_tools(prefix)
+    r = user_harness.as_user(
+        job_users[0],
+        [str(prefix / "bin" / "python"), "-c", "import fthsdp_cli, runtime, torch"],
+        user_harness.user_env(job_users[0], Path("/")),
+        Path("/"),
+        timeout=120,
+    )
+    if r.returncode != 0:
+        pytest.fail(f"the site install {prefix} does not start as {job_users[0]}: {r.stderr}")
+    return prefix
+
+
+@pytest.fixture
+def site_user(
+    slurm_cluster: devcluster.DevClusterConfig,
+    job_users: tuple[str, str],
+    site_install: Path,
+    user_base: Path,
+) -> user_harness.SiteUser:
+    """The job user, in a folder of their own, with the session cluster's `SLURM_CONF`."""
+    home = user_harness.user_folder(user_base, job_users[0], "work")
+    return user_harness.SiteUser(
+        job_users[0], site_install, home, {"SLURM_CONF": str(slurm_cluster.conf_path)}
+    )
 
 
 @pytest.fixture(autouse=True)
