@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps browser-deps chroots test test-slurm test-matrix lint typecheck check demo bench clean site-install
+.PHONY: install slurm-deps browser-deps chroots test test-slurm test-matrix lint typecheck check demo bench clean site-install site-wheel site-cache
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ chroots: install slurm-deps
 	else for v in $$($(RELEASES) others); do $(RELEASES) ensure --version $$v >/dev/null || exit 1; done; fi
 
 # The slurm-marked tests against one release: on the host when it is the host's, else in its chroot.
-test-slurm: install slurm-deps
+test-slurm: install slurm-deps site-cache
 	@test -n "$(VERSION)" || { echo "usage: make test-slurm VERSION=X.Y ($$($(RELEASES) matrix | cut -d' ' -f1 | xargs))" >&2; exit 2; }
 	$(RELEASES) run --version $(VERSION) -- $(BIN)/python -m pytest -m slurm --durations=15
 
@@ -70,7 +70,7 @@ check: lint typecheck
 # On the host: the fast tier on two workers (as in `check`), then the tests that start dev clusters
 # or many processes, one at a time (they measure stalls and timeouts); then the slurm-marked tests
 # on every other release of the matrix.
-test: install slurm-deps browser-deps lint typecheck chroots
+test: install slurm-deps browser-deps lint typecheck chroots site-cache
 	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
 	$(BIN)/python -m pytest -m "slurm or slow" --durations=15
 	@$(MAKE) --no-print-directory test-matrix
@@ -80,7 +80,7 @@ test: install slurm-deps browser-deps lint typecheck chroots
 # mostly wait on Slurm and on paced training steps, so two share the two cores. Each release's
 # output is kept in build/test-logs/ and printed whole when it ends.
 MATRIX_LOGS = build/test-logs
-test-matrix: install slurm-deps chroots
+test-matrix: install slurm-deps chroots site-cache
 	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; exit 0; fi; \
 	mkdir -p $(MATRIX_LOGS); rm -f $(MATRIX_LOGS)/slurm-*; versions="$$($(RELEASES) others)"; \
 	for v in $$versions; do \
@@ -114,6 +114,21 @@ site-install:
 	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) "$$(ls $(WHEEL_DIR)/fthsdp-*.whl)[runtime,health]" "$(TORCH_PIN)"
 	chmod -R a+rX "$(PREFIX)"
 	@echo "installed fthsdp into $(PREFIX): $(PREFIX)/bin/fthsdp, fthsdp-prolog, fthsdp-epilog, fthsdp-healthcheck"
+
+# Only the project's wheel, rebuilt and reinstalled into an existing site install (its
+# dependencies unchanged): what the tests' cached site install does when only the sources changed.
+site-wheel:
+	@test -x "$(PREFIX)/bin/pip" || { echo "site-wheel: no site install at $(PREFIX): run make site-install first" >&2; exit 3; }
+	rm -rf "$(WHEEL_DIR)" && "$(PREFIX)/bin/pip" wheel $(PIP_FLAGS) --no-deps -w "$(WHEEL_DIR)" .
+	"$(PREFIX)/bin/pip" install $(PIP_FLAGS) --force-reinstall --no-deps "$$(ls $(WHEEL_DIR)/fthsdp-*.whl)"
+	chmod -R a+rX "$(PREFIX)"
+
+# The site install the end-to-end tests submit through (tests/site_install.py): made once by
+# site-install under /var/cache/fthsdp/site, from a relocated copy of the venv's own interpreter
+# that every user and every release chroot can run; only the wheel is redone when sources change.
+site-cache: install
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the tests' site install"; \
+	else $(BIN)/python tests/site_install.py; fi
 
 demo: install slurm-deps
 	$(BIN)/python examples/demo.py

@@ -214,6 +214,31 @@ def render_kernel_log(node: str, xid_gpu: int | None, now: float) -> str:
     )
 
 
+def _runnable_by_all(path: Path) -> bool:
+    """Whether every user may run `path`: the file and each folder above it open to others."""
+    try:
+        real = path.resolve(strict=True)
+    except OSError:
+        return False
+    if not os.stat(real).st_mode & 0o001:
+        return False
+    return all(os.stat(d).st_mode & 0o001 for d in real.parents)
+
+
+def shared_python() -> str:
+    """The interpreter of the simulated `nvidia-smi`: one every job user can run, since the
+    ranks' watchdogs run it as the job's user. `FTHSDP_SIM_PYTHON` names one; else this
+    process's interpreter if others may run it, else the system's; else this one (a job user's
+    watchdog then reports the node's tool as failing, as it would on a real node)."""
+    named = os.environ.get("FTHSDP_SIM_PYTHON")
+    if named:
+        return named
+    for candidate in (Path(sys.executable), Path("/usr/bin/python3")):
+        if _runnable_by_all(candidate):
+            return str(candidate)
+    return sys.executable
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -271,7 +296,7 @@ def write_node_inputs(
         hang.unlink()
     source = resources.files("prolog_epilog").joinpath("simulated_smi.py").read_text()
     binary = base / "bin" / "nvidia-smi"
-    _write(binary, f"#!{sys.executable} -I\n" + source)
+    _write(binary, f"#!{shared_python()} -I\n" + source)
     os.chmod(binary, 0o755)
     _write_sysfs(base / "sys", "ib" in faults)
     _write(base / "kern.log", render_kernel_log(node, xid_gpu, now))

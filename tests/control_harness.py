@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from user_harness import SiteUser, user_argv
 
 from prolog_epilog import dev_health
 from runtime.control.journal.store import Journal
@@ -36,6 +37,9 @@ from slurm.backend import JobInfo, NodeInfo
 from slurm.devcluster import DevClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Who drives a dev-cluster run: root's environment (the checkout's CLI as root), or a job user
+#: working through the site install (`user_harness.SiteUser`), as a site's users do.
+Cli = dict[str, str] | SiteUser
 
 FAKE_SLURM = r'''#!PYTHON
 """Stand-in for scontrol/squeue/sinfo: state in $FAKE_SLURM_STATE, calls in $FAKE_SLURM_LOG."""
@@ -185,17 +189,26 @@ class RecordingBackend:
 
 
 class ControlProcess:
-    def __init__(self, run_dir: Path, env: dict[str, str], extra: list[str] | None = None) -> None:
+    """`fthsdp control` for a run folder: as root from the checkout, or, given a `SiteUser`, as
+    that user from the site install (its log then sits beside the run folder, in the user's)."""
+
+    def __init__(self, run_dir: Path, env: Cli, extra: list[str] | None = None) -> None:
         self.run_dir, self.env, self.extra = run_dir, env, list(extra or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str:
         control = self.run_dir / "control.json"
         control.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "fthsdp_cli", "control", "--run-dir", str(self.run_dir)]
-        argv += ["--bind", "127.0.0.1", "--no-lighthouse", *self.extra]
-        log = open(self.run_dir / "control.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
+        args = ["control", "--run-dir", str(self.run_dir)]
+        args += ["--bind", "127.0.0.1", "--no-lighthouse", *self.extra]
+        if isinstance(self.env, SiteUser):
+            argv = user_argv(self.env.user, [str(self.env.prefix / "bin" / "fthsdp"), *args])
+            env, log_path = self.env.env, self.env.home / "control.log"
+        else:
+            argv = [sys.executable, "-m", "fthsdp_cli", *args]
+            env, log_path = self.env, self.run_dir / "control.log"
+        log = open(log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
         log.close()
         wait_for(control.exists, what="control.json")
         return str(json.loads(control.read_text())["coordinator"])
@@ -299,7 +312,7 @@ mem = "1G"
 python = "{python}"
 
 [train]
-command = "{python} examples/train_tiny.py"
+command = "{python} {root}/examples/train_tiny.py"
 steps = {steps}
 # Every dev node shares this machine's 2 cores: scheduling noise can make one replica look 1.5x
 # slower for a window. Runs about node faults only report stragglers; the straggler test evicts.
@@ -316,20 +329,26 @@ checks = ["xid", "ecc"]
 
 
 def write_spec(
-    work: Path, steps: int, name: str = "e2e", straggler_mode: str = "report"
+    work: Path | SiteUser, steps: int, name: str = "e2e", straggler_mode: str = "report"
 ) -> tuple[Path, Path]:
     """The run's spec at work/spec.toml; returns (spec, run_dir). `--dependency=singleton` is
-    per job name, so runs that may overlap in one session use different names."""
-    run_dir = work / "run"
-    spec = work / "spec.toml"
+    per job name, so runs that may overlap in one session use different names. For a job user
+    the spec lies in their folder and names the site install's python."""
+    home = work.home if isinstance(work, SiteUser) else work
+    run_dir = home / "run"
+    spec = home / "spec.toml"
     text = SPEC.format(
         name=name,
         run_dir=run_dir,
-        python=sys.executable,
+        python=work.python if isinstance(work, SiteUser) else sys.executable,
+        root=ROOT,
         steps=steps,
         straggler_mode=straggler_mode,
     )
-    spec.write_text(text)
+    if isinstance(work, SiteUser):
+        work.write(spec, text)
+    else:
+        spec.write_text(text)
     return spec, run_dir
 
 
@@ -344,33 +363,27 @@ def health_gated(cfg: DevClusterConfig) -> Iterator[DevClusterConfig]:
         devcluster.reconfigure(cfg)
 
 
-def fthsdp(env: dict[str, str], *args: str) -> str:
-    r = subprocess.run(
+def _cli(env: Cli, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    if isinstance(env, SiteUser):
+        return env.fthsdp(*args, timeout=timeout)
+    return subprocess.run(
         [sys.executable, "-m", "fthsdp_cli", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def fthsdp(env: Cli, *args: str) -> str:
+    r = _cli(env, args, 120)
     assert r.returncode == 0, f"fthsdp {args}: {r.stderr[-2000:]}"
     return r.stdout
 
 
-def cancel(env: dict[str, str], run_dir: Path) -> None:
+def cancel(env: Cli, run_dir: Path) -> None:
     """Cancel the run's jobs (best effort: used in clean-up)."""
-    subprocess.run(
-        [sys.executable, "-m", "fthsdp_cli", "cancel", str(run_dir)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    _cli(env, ["cancel", str(run_dir)], 60)
 
 
-def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: str | None) -> None:
+def clean_up(env: Cli, run_dir: Path, cfg: DevClusterConfig, node: str | None) -> None:
     """Cancel the run; make `node` (the one a fault was injected into) healthy again, and resume
     every node the run drained (an unexpected drain must not starve the session's later tests)."""
     from runtime.control.inject import heal
@@ -388,19 +401,43 @@ def clean_up(env: dict[str, str], run_dir: Path, cfg: DevClusterConfig, node: st
         pass
 
 
-def replicas(env: dict[str, str], run_dir: Path) -> dict[int, dict[str, Any]]:
+def replicas(env: Cli, run_dir: Path) -> dict[int, dict[str, Any]]:
     data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
     return {r["replica"]: r for r in data["replicas"]}
 
 
-def requeues_in_journal(run_dir: Path) -> list[tuple[str, str]]:
+#: Read as the run's user: root opening the journal (SQLite in WAL mode) could leave root-owned
+#: -wal/-shm files in the run folder that the user's coordinator then cannot open.
+_ACTIONS = """
+import json, sys
+from pathlib import Path
+from runtime.control.journal.store import Journal
+journal = Journal.in_run_dir(Path(sys.argv[1]))
+print(json.dumps([(type(s.action).__name__, getattr(s.action, "job_id", None), s.status)
+                  for s in journal.actions()]))
+"""
+
+
+def journal_actions(run_dir: Path, user: SiteUser | None = None) -> list[tuple[str, str, str]]:
+    """(action type, job id, status) of every action in the run's journal, read as `user`
+    (through the site install) when the run is theirs."""
+    if user is not None:
+        r = user.run([str(user.python), "-c", _ACTIONS, str(run_dir)])
+        assert r.returncode == 0, r.stderr
+        return [(kind, job, status) for kind, job, status in json.loads(r.stdout)]
     journal = Journal.in_run_dir(run_dir)
     try:
         return [
-            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
+            (type(s.action).__name__, getattr(s.action, "job_id", None), s.status)
+            for s in journal.actions()
         ]
     finally:
         journal.close()
+
+
+def requeues_in_journal(run_dir: Path, user: SiteUser | None = None) -> list[tuple[str, str]]:
+    return [(job, status) for kind, job, status in journal_actions(run_dir, user)
+            if kind == Requeue.__name__]  # fmt: skip
 
 
 def requeued_and_caught_up(replica: int) -> Callable[[dict[int, dict[str, Any]]], bool]:
@@ -420,7 +457,7 @@ def requeued_and_caught_up(replica: int) -> Callable[[dict[int, dict[str, Any]]]
 
 
 def wait_until(
-    env: dict[str, str],
+    env: Cli,
     run_dir: Path,
     pred: Callable[[dict[int, dict[str, Any]]], bool],
     timeout: float,
@@ -438,7 +475,7 @@ def wait_until(
 
 
 def submit_until_training(
-    env: dict[str, str],
+    env: Cli,
     spec: Path,
     run_dir: Path,
     trace: list[tuple[float, dict[int, dict[str, Any]]]],

@@ -186,10 +186,10 @@ def test_status_fits_80_columns_without_cutting_names() -> None:
 
 
 @pytest.fixture
-def stopped_cluster(tmp_path: Path) -> Iterator[devcluster.DevClusterConfig]:
+def stopped_cluster(site_dir: Path) -> Iterator[devcluster.DevClusterConfig]:
     base = devcluster.free_port_block(3, start=25000 + (os.getpid() % 200) * 10)
     cfg = devcluster.DevClusterConfig(
-        directory=tmp_path / "cluster", nodes=2, ctld_port=base, slurmd_base_port=base + 1
+        directory=site_dir / "cluster", nodes=2, ctld_port=base, slurmd_base_port=base + 1
     )
     with devcluster.running_cluster(cfg) as running:
         devcluster.down(running)

@@ -146,9 +146,9 @@ def _inject(cfg: devcluster.DevClusterConfig, fault: str) -> subprocess.Complete
 
 
 @pytest.fixture
-def second_cluster(tmp_path: Path) -> Iterator[devcluster.DevClusterConfig]:
+def second_cluster(site_dir: Path) -> Iterator[devcluster.DevClusterConfig]:
     base = devcluster.free_port_block(3, start=23000 + (os.getpid() % 200) * 10)
-    directory = tmp_path / "second"
+    directory = site_dir / "second"
     cfg = devcluster.DevClusterConfig(
         directory=directory, nodes=2, ctld_port=base, slurmd_base_port=base + 1
     )

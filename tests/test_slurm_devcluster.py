@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import hostlist
 import pytest
+from user_harness import processes_of_run
 
 from prolog_epilog import dev_health
 from slurm import devcluster
@@ -182,7 +185,7 @@ def _free_block(n: int) -> int:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(tmp_path: Path) -> None:
+def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(site_dir: Path) -> None:
     from tests.conftest import _require_slurm
 
     _require_slurm()
@@ -194,7 +197,7 @@ def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(tmp_path: Path) -> 
             "cluster",
             "up",
             "--dir",
-            str(tmp_path),
+            str(site_dir),
             "--nodes",
             "2",
             "--port",
@@ -204,42 +207,67 @@ def test_cluster_up_refuses_a_port_in_use_and_leaves_nothing(tmp_path: Path) -> 
         )
     assert r.returncode == 3
     assert str(base + 2) in r.stderr and "in use" in r.stderr
-    assert not devcluster.live_daemons(DevClusterConfig(directory=tmp_path, nodes=2))
+    assert not devcluster.live_daemons(DevClusterConfig(directory=site_dir, nodes=2))
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(240)
-def test_cluster_up_status_down_twice_in_a_row(tmp_path: Path) -> None:
+def test_cluster_up_status_down_twice_in_a_row(site_dir: Path) -> None:
     from tests.conftest import _require_slurm
 
     _require_slurm()
     base = _free_block(4)
     ports = ["--port", str(base), "--slurmd-port", str(base + 1)]
-    cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
+    cfg = DevClusterConfig(directory=site_dir, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
     try:
         for health in ([], ["--health"]):
-            up = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports, *health)
+            up = _cli("cluster", "up", "--dir", str(site_dir), "--nodes", "2", *ports, *health)
             assert up.returncode == 0, up.stderr
-            assert up.stdout.strip() == f"export SLURM_CONF={tmp_path}/etc/slurm.conf"
-            conf = (tmp_path / "etc" / "slurm.conf").read_text().splitlines()
-            assert (f"Prolog={tmp_path}/bin/fthsdp-prolog" in conf) == bool(health)
+            assert up.stdout.strip() == f"export SLURM_CONF={site_dir}/etc/slurm.conf"
+            conf = (site_dir / "etc" / "slurm.conf").read_text().splitlines()
+            assert (f"Prolog={site_dir}/bin/fthsdp-prolog" in conf) == bool(health)
             if health:
-                assert f"FTHSDP_HEALTH_CONFIG={tmp_path}/hardware/health.toml" in up.stderr
-            again = _cli("cluster", "up", "--dir", str(tmp_path), "--nodes", "2", *ports)
+                assert f"FTHSDP_HEALTH_CONFIG={site_dir}/hardware/health.toml" in up.stderr
+            _assert_laid_out_like_a_site(cfg)
+            again = _cli("cluster", "up", "--dir", str(site_dir), "--nodes", "2", *ports)
             assert again.returncode == 3 and "already runs a cluster" in again.stderr
-            st = _cli("cluster", "status", "--dir", str(tmp_path), "--json")
+            st = _cli("cluster", "status", "--dir", str(site_dir), "--json")
             assert st.returncode == 0, st.stderr
             assert '"node1": "idle"' in st.stdout and '"node2": "idle"' in st.stdout
             if health:  # inject/heal find the cluster's hardware under --dir
-                inj = _cli("cluster", "inject", "node2", "--fault", "ecc", "--dir", str(tmp_path))
+                inj = _cli("cluster", "inject", "node2", "--fault", "ecc", "--dir", str(site_dir))
                 assert inj.returncode == 0 and "ecc" in inj.stdout, inj.stderr
-                assert (tmp_path / "hardware" / "node2" / "faults.json").read_text() == '["ecc"]'
-            down = _cli("cluster", "down", "--dir", str(tmp_path))
+                assert (site_dir / "hardware" / "node2" / "faults.json").read_text() == '["ecc"]'
+            down = _cli("cluster", "down", "--dir", str(site_dir))
             assert down.returncode == 0 and "slurmctld" in down.stdout
             assert not devcluster.live_daemons(cfg)
-            assert _cli("cluster", "status", "--dir", str(tmp_path)).returncode == 1
+            assert _cli("cluster", "status", "--dir", str(site_dir)).returncode == 1
     finally:
         devcluster.down(cfg)
+
+
+def _assert_laid_out_like_a_site(cfg: DevClusterConfig) -> None:
+    """slurmctld runs as the cluster's SlurmUser and slurmd as root; the config is readable by
+    every user (any user's sinfo answers) and what runs as root is writable by root alone."""
+    slurm_uid = pwd.getpwnam(cfg.slurm_user).pw_uid
+    owners = {
+        name: os.stat(f"/proc/{pid}").st_uid for name, pid in devcluster.live_daemons(cfg).items()
+    }
+    assert owners == {"munged": 0, "slurmctld": slurm_uid, "slurmd node1": 0, "slurmd node2": 0}
+    d = cfg.directory
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
+    for name in ("slurm.conf", "gres.conf", "topology.conf"):
+        assert stat.S_IMODE((d / "etc" / name).stat().st_mode) == 0o644, name
+    assert stat.S_IMODE((d / "munge-key").stat().st_mode) == 0o700
+    assert (d / "state").stat().st_uid == slurm_uid
+    for hook in (d / "bin").glob("*") if (d / "bin").exists() else []:
+        st = hook.stat()
+        assert st.st_uid == 0 and not st.st_mode & 0o022, hook
+    r = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "sinfo", "-h", "-o", "%N"],
+        capture_output=True, text=True, env=cfg.env(), timeout=30, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "node[1-2]", r.stderr
 
 
 HET_JOB = """#!/bin/bash
@@ -350,21 +378,8 @@ def test_restart_pending_names_what_a_reconfigure_has_not_finished(
 def _processes_of(cfg: DevClusterConfig) -> list[str]:
     """Every process that mentions the cluster's folder in its command line or environment,
     found without the module's own lookup (so the test checks it rather than repeats it)."""
-    found = []
-    marker = str(cfg.directory).encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (marker in cmdline or marker in environ):
-            shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{proc.name}: {shown}")
-    return found
+    found = processes_of_run([str(cfg.directory)])
+    return [f"{pid}: {cmd}" for pid, (_, cmd) in sorted(found.items())]
 
 
 def _job_state(cfg: DevClusterConfig, job: str, want: str, timeout: float) -> str:
@@ -383,16 +398,16 @@ def _job_state(cfg: DevClusterConfig, job: str, want: str, timeout: float) -> st
 
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
-def test_reconfigure_follows_restarted_daemons_and_down_leaves_nothing(tmp_path: Path) -> None:
+def test_reconfigure_follows_restarted_daemons_and_down_leaves_nothing(site_dir: Path) -> None:
     from tests.conftest import _require_slurm
 
     _require_slurm()
     base = _free_block(4)
-    cfg = DevClusterConfig(directory=tmp_path, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
+    cfg = DevClusterConfig(directory=site_dir, nodes=2, ctld_port=base, slurmd_base_port=base + 1)
     try:
         devcluster.up(cfg)
         job = subprocess.run(
-            ["sbatch", "--parsable", "-N1", f"--output={tmp_path}/job.out", "--wrap", "sleep 300"],
+            ["sbatch", "--parsable", "-N1", f"--output={site_dir}/job.out", "--wrap", "sleep 300"],
             capture_output=True, text=True, env=cfg.env(), timeout=30, check=True,
         ).stdout.strip()  # fmt: skip
         assert _job_state(cfg, job, "RUNNING", 60) == "RUNNING"
@@ -461,12 +476,12 @@ def test_default_folder_is_root_only_and_not_in_a_temp_folder() -> None:
     assert r.stdout.strip() == "/var/lib/fthsdp/devcluster"
 
 
-def test_make_directory_creates_it_0700(tmp_path: Path) -> None:
+def test_make_directory_creates_it_0755(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the folder check wants root as owner")
     target = tmp_path / "a" / "devcluster"
     devcluster.make_directory(target)
-    assert target.stat().st_mode & 0o777 == 0o700
+    assert target.stat().st_mode & 0o777 == 0o755
     devcluster.make_directory(target)  # an existing good folder is fine
 
 

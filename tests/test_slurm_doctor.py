@@ -473,7 +473,7 @@ def _on(cfg: devcluster.DevClusterConfig) -> dict[str, str]:
 
 
 @pytest.mark.slurm
-def test_doctor_passes_a_cluster_set_up_as_the_docs_say(tmp_path: Path) -> None:
+def test_doctor_passes_a_cluster_set_up_as_the_docs_say(tmp_path: Path, site_dir: Path) -> None:
     from tests.conftest import _require_slurm
 
     _require_slurm()
@@ -483,7 +483,7 @@ def test_doctor_passes_a_cluster_set_up_as_the_docs_say(tmp_path: Path) -> None:
         "[replicas]\ncount = 2\nnodes = 1\ngpus_per_node = 8\nswitches = 1\n"
         '[train]\ncommand = "true"\n'
     )
-    with devcluster.running_cluster(_cluster(tmp_path / "good", health=True), timeout=120) as cfg:
+    with devcluster.running_cluster(_cluster(site_dir / "good", health=True), timeout=120) as cfg:
         r = _doctor("--json", env=_on(cfg))
         assert r.returncode == 0, r.stdout + r.stderr
         data = _json(r)
@@ -510,12 +510,12 @@ def test_doctor_passes_a_cluster_set_up_as_the_docs_say(tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm
-def test_doctor_fails_a_broken_cluster_and_names_the_lines(tmp_path: Path) -> None:
+def test_doctor_fails_a_broken_cluster_and_names_the_lines(site_dir: Path) -> None:
     from tests.conftest import _require_slurm
 
     _require_slurm()
     # No Prolog, PrologFlags, Epilog or HealthCheckProgram, and a held job on prolog failure.
-    broken = _cluster(tmp_path / "broken", health=False, nohold_on_prolog_fail=False)
+    broken = _cluster(site_dir / "broken", health=False, nohold_on_prolog_fail=False)
     with devcluster.running_cluster(broken, timeout=120) as cfg:
         r = _doctor("--json", env=_on(cfg))
         assert r.returncode == 1, r.stdout + r.stderr

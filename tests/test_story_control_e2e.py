@@ -10,18 +10,23 @@ passes the prolog on the spare node and rejoins, while replicas 0 and 2 keep the
 restart count 0 and their committed step rises throughout. A second fault, `kill` (processes
 die, no hardware sign), shows tier 1: relaunch in place, no requeue. The run then finishes: the
 final weights of all replicas agree and the ledger is exactly-once.
+
+The run is a site user's: `fthsdp-user` submits it through the site install, and every process
+of the live run (control job, trainers) runs as that user; root only runs the cluster, its
+hooks and the fault injection. The coordinator cannot drain (a job user may not), so the Xid
+node is drained by root's health hooks, which find the fault themselves.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from control_harness import (
-    ROOT,
     clean_up,
     fthsdp,
     health_gated,
@@ -29,6 +34,7 @@ from control_harness import (
     wait_until,
     write_spec,
 )
+from user_harness import SiteUser, processes_of_run
 
 from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend
@@ -48,31 +54,60 @@ def caught_up(r: dict[int, dict[str, Any]]) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_only_the_failed_replica_is_requeued(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     with health_gated(slurm_cluster) as gated:
-        _only_the_failed_replica_is_requeued(gated, tmp_path)
+        _only_the_failed_replica_is_requeued(gated, site_user)
 
 
-def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, tmp_path: Path) -> None:
-    spec, run_dir = write_spec(tmp_path, STEPS)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+def assert_run_is_the_users(user: SiteUser, run_dir: Path, jobs: dict[int, str]) -> None:
+    """Every process of the live run (its folder in the command line or environment) runs as
+    the user, but Slurm's own step daemons and root's hooks; the trainers are among them."""
+    uid = pwd.getpwnam(user.user).pw_uid
+    found = processes_of_run([str(run_dir)])
+    slurm_side = ("slurmstepd", "fthsdp-prolog", "fthsdp-epilog", "fthsdp-healthcheck")
+    mine = {
+        pid: (owner, cmd)
+        for pid, (owner, cmd) in found.items()
+        if not any(part in cmd.split(" ", 1)[0] for part in slurm_side)
+    }
+    as_root = {pid: cmd for pid, (owner, cmd) in mine.items() if owner != uid}
+    assert not as_root, f"processes of the run not running as {user.user}: {as_root}"
+    trainers = [cmd for _, cmd in mine.values() if "train_tiny.py" in cmd]
+    assert len(trainers) >= len(jobs), (trainers, mine)
+
+
+def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, site_user: SiteUser) -> None:
+    env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
+    spec, run_dir = write_spec(env, STEPS)
+    root_env = dict(os.environ)  # the operator's side: injecting faults into the cluster
     backend = CommandBackend()
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     drained: str | None = None
     try:
         fthsdp(env, "submit", str(spec))
-        before = wait_until(
+        submitted = time.monotonic()
+        training = wait_until(
             env,
             run_dir,
-            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
+            lambda r: all(x["state"] == "training" for x in r.values()),
             120,
             "all replicas training",
             trace,
         )
+        assert_run_is_the_users(site_user, run_dir, {k: r["job_id"] for k, r in training.items()})
+        before = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= 20 for x in r.values()),
+            max(1.0, 120 - (time.monotonic() - submitted)),
+            "all replicas training at step 20",
+            trace,
+        )
         jobs = {k: r["job_id"] for k, r in before.items()}
         victim = before[1]["nodes"][0]
-        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(gated.directory))
+        inject = ["cluster", "inject", "--dir", str(gated.directory)]
+        fthsdp(root_env, *inject, victim, "--fault", "xid79")
         drained = victim
         t_fault = time.time()
         after = wait_until(
@@ -103,12 +138,12 @@ def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, tmp_path: Path
         # node fault is its own (`fault`) with the watchdog's reason as the detail.
         drained_as = ("fthsdp: xid:", "fthsdp: fault: xid:")
         assert info.drained_by_us and info.reason.startswith(drained_as), info
-        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert requeues_in_journal(run_dir, env) == [(jobs[1], "done")]
 
         # Tier 1: the replica's processes die with no hardware sign -> relaunch in place.
         new_node = after[1]["nodes"][0]
         assert after[1]["step"] < STEPS - 60, "too late in the run for the tier-1 scenario"
-        fthsdp(env, "cluster", "inject", new_node, "--fault", "kill", "--dir", str(gated.directory))
+        fthsdp(root_env, *inject, new_node, "--fault", "kill")
         relaunched = wait_until(
             env,
             run_dir,
@@ -131,7 +166,7 @@ def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, tmp_path: Path
         )
         assert final[0]["restarts"] == final[2]["restarts"] == 0
         assert [final[k]["job_id"] for k in range(3)] == [jobs[k] for k in range(3)]
-        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert requeues_in_journal(run_dir, env) == [(jobs[1], "done")]
         assert final_weights_agree(run_dir, [0, 1, 2])
         ledger = check_ledger(run_dir, STEPS)
         assert ledger.ok, ledger.problems

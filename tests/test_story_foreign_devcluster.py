@@ -9,13 +9,15 @@ is seen by that group's supervisor (the node watchdog on its node); the coordina
 node and requeues group 1's job alone; groups 0 and 2 keep their jobs and keep stepping through
 the outage; group 1 comes back on the spare node and heals from a peer through torchft's
 checkpoint transport: its first step after the requeue is the peers' step, not 1.
+
+The run is the job user's (`fthsdp-user`, through the site install); the node is drained by
+root's health hooks, which find the Xid themselves (a job user's coordinator may not drain).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from control_harness import (
     submit_until_training,
     wait_until,
 )
+from user_harness import SiteUser
 
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
@@ -60,7 +63,7 @@ python = "{python}"
 
 [train]
 mode = "torchft"
-command = "{python} examples/torchft_trainer.py --steps 100000 --step-sleep 0.2"
+command = "{python} {root}/examples/torchft_trainer.py --steps 100000 --step-sleep 0.2"
 progress_regex = 'step: (?P<step>\\d+)  loss:'
 straggler_mode = "report"
 min_replicas = 2
@@ -86,24 +89,25 @@ def logged_steps(run_dir: Path, job_id: str) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_foreign_trainer_group_is_requeued_alone_and_heals(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     with health_gated(slurm_cluster) as gated:
-        _foreign_group_requeued_alone(gated, tmp_path)
+        _foreign_group_requeued_alone(gated, site_user)
 
 
-def _foreign_group_requeued_alone(gated: DevClusterConfig, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.format(run_dir=run_dir, python=sys.executable))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _foreign_group_requeued_alone(gated: DevClusterConfig, env: SiteUser) -> None:
+    run_dir = env.home / "run"
+    spec = env.home / "spec.toml"
+    env.write(spec, SPEC.format(run_dir=run_dir, python=env.python, root=ROOT))
+    root_env = dict(os.environ)  # the operator's side: injecting the fault
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     drained: str | None = None
     try:
         before = submit_until_training(env, spec, run_dir, trace, min_step=20)
         jobs = {k: r["job_id"] for k, r in before.items()}
         victim = before[1]["nodes"][0]
-        fthsdp(env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(gated.directory))
+        inject = ["cluster", "inject", victim, "--fault", "xid79", "--dir", str(gated.directory)]
+        fthsdp(root_env, *inject)
         drained = victim
         t_fault = time.time()
         requeued = wait_until(
@@ -123,7 +127,7 @@ def _foreign_group_requeued_alone(gated: DevClusterConfig, tmp_path: Path) -> No
         assert after[1]["nodes"][0] != victim
         (info,) = CommandBackend().nodes([victim])
         assert info.drained_by_us and info.reason.startswith("fthsdp: xid:"), info
-        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert requeues_in_journal(run_dir, env) == [(jobs[1], "done")]
         # The others kept their jobs, never restarted, and stepped through the outage.
         for k in (0, 2):
             assert after[k]["job_id"] == jobs[k]

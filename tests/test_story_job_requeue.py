@@ -26,23 +26,22 @@ What is asserted:
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from control_harness import (
-    ROOT,
     clean_up,
     fthsdp,
     health_gated,
+    journal_actions,
     submit_until_training,
     wait_until,
     write_spec,
 )
+from user_harness import SiteUser
 
-from runtime.control.journal.store import Journal
 from runtime.control.policy import Cancel, Drain, Release, Requeue
 from runtime.control.service import previous_ports
 from runtime.env import read_control
@@ -80,16 +79,9 @@ def test_control_file_names_the_incarnation(tmp_path: Path) -> None:
     assert found is not None and found.started_at == 12.5 and found.coordinator is None
 
 
-def slurm_actions(run_dir: Path) -> list[tuple[str, str]]:
-    journal = Journal.in_run_dir(run_dir)
-    try:
-        return [
-            (type(s.action).__name__, s.status)
-            for s in journal.actions()
-            if isinstance(s.action, (Drain, Requeue, Release, Cancel))
-        ]
-    finally:
-        journal.close()
+def slurm_actions(run_dir: Path, user: SiteUser) -> list[tuple[str, str]]:
+    kinds = {kind.__name__ for kind in (Drain, Requeue, Release, Cancel)}
+    return [(kind, status) for kind, _, status in journal_actions(run_dir, user) if kind in kinds]
 
 
 def control_info(run_dir: Path) -> dict[str, Any]:
@@ -103,15 +95,15 @@ def control_info(run_dir: Path) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_replicas_ride_through_a_control_job_requeue(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     with health_gated(slurm_cluster) as gated:
-        _ride_through(gated, tmp_path)
+        _ride_through(gated, site_user)
 
 
-def _ride_through(gated: DevClusterConfig, tmp_path: Path) -> None:
-    spec, run_dir = write_spec(tmp_path, STEPS, name="ctlrq")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+def _ride_through(gated: DevClusterConfig, site_user: SiteUser) -> None:
+    env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
+    spec, run_dir = write_spec(env, STEPS, name="ctlrq")
     backend = CommandBackend()
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     try:
@@ -175,7 +167,7 @@ def _ride_through(gated: DevClusterConfig, tmp_path: Path) -> None:
             assert seen == sorted(seen), steps
 
         # The new coordinator replayed the journal and carried on; no Slurm action on a replica.
-        assert slurm_actions(run_dir) == []
+        assert slurm_actions(run_dir, env) == []
         for job in backend.jobs(jobs.values()):
             assert job.restarts == 0, job
         events = [

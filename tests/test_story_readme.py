@@ -116,11 +116,11 @@ def _with(line: str, extra: list[str]) -> str:
 
 
 @pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[tuple[Shell, Path]]:
+def scratch(tmp_path: Path, site_dir: Path) -> Iterator[tuple[Shell, Path]]:
     work = tmp_path / "work"
     work.mkdir()
     (work / "examples").symlink_to(ROOT / "examples")
-    cluster_dir = tmp_path / "cluster"
+    cluster_dir = site_dir / "cluster"
     env = {
         **os.environ,
         "PATH": f"{BIN}:{os.environ['PATH']}",

@@ -112,14 +112,14 @@ def _require_block() -> None:
 
 
 @pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[Callable[..., devcluster.DevClusterConfig]]:
+def cluster(site_dir: Path) -> Iterator[Callable[..., devcluster.DevClusterConfig]]:
     """Start 4-node dev clusters (2 nodes per block or leaf switch); all stopped at the end."""
     started: list[devcluster.DevClusterConfig] = []
 
     def start(topology: str, yaml: str | None = None) -> devcluster.DevClusterConfig:
         base = devcluster.free_port_block(5, start=26000 + (os.getpid() % 200) * 10)
         cfg = devcluster.DevClusterConfig(
-            directory=tmp_path / f"{topology}{len(started)}",
+            directory=site_dir / f"{topology}{len(started)}",
             nodes=4,
             gpus_per_node=1,
             switch_size=2,

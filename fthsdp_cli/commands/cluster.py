@@ -19,7 +19,7 @@ _dir_option = click.option(
     show_default=True,
     envvar="FTHSDP_CLUSTER_DIR",
     help="Folder holding the cluster's config, state, logs and pid files; root's alone (owned by "
-    "root, not writable by group or others), created 0700 when missing.",
+    "root, not writable by group or others), created 0755 when missing.",
 )
 
 

@@ -1,13 +1,15 @@
 """A real Slurm cluster on one host, for tests and the demo.
 
 fthsdp is tested against Slurm itself, not a mock: one `munged`, one `slurmctld` and one `slurmd`
-per simulated node, all on loopback ports, all as root (docs/design-facts.md, Slurm fact 8). Each
+per simulated node, all on loopback ports (docs/design-facts.md, Slurm fact 8). As on a site,
+slurmctld runs as the unprivileged `SlurmUser` (Debian's `slurm`) and slurmd as root, and the
+config is world-readable, so jobs of ordinary users run with ordinary users' rights. Each
 node gets placeholder GPU device files so GRES scheduling is real, and nodes are grouped under leaf
 switches in `topology.conf` so `--switches` placement is real too.
 
 The cluster is self-contained in one directory: its own munge key and socket, its own config,
-state, logs and pid files. The directory must be root's alone: the default is under /var/lib
-(not a world-writable temp folder a local user could create first).
+state, logs and pid files. Only root may write the directory (0755): the default is under
+/var/lib (not a world-writable temp folder a local user could create first).
 
 - `config`: `DevClusterConfig`, what the cluster looks like, saved as `cluster.json`;
 - `directory`: the checks that keep the cluster's folder root's alone;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,16 @@ CONFIG_FILE = "cluster.json"
 DEFAULT_DIR = Path(os.environ.get("FTHSDP_CLUSTER_DIR", "/var/lib/fthsdp/devcluster"))
 #: Writes what the nodes need besides Slurm's files (see `DevClusterConfig.node_setup`).
 NodeSetup = Callable[["DevClusterConfig", bool], None]
+
+
+def default_slurm_user() -> str:
+    """The account slurmctld runs as: Debian's `slurm` (made by its slurm-wlm packages) where it
+    exists, as on a site; root otherwise, the only account sure to exist."""
+    try:
+        pwd.getpwnam("slurm")
+    except KeyError:
+        return "root"
+    return "slurm"
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,9 @@ class DevClusterConfig:
     ctld_port: int = 16817
     slurmd_base_port: int = 17001
     partition: str = "gpu"
+    #: slurmctld's account (`SlurmUser`): unprivileged like a site's, so the cluster has no
+    #: rights a site's controller lacks. slurmd stays root. Looked up when the files are written.
+    slurm_user: str = field(default_factory=default_slurm_user)
     prolog: str | None = None
     epilog: str | None = None
     prolog_flags: str = "Alloc"
@@ -68,6 +82,12 @@ class DevClusterConfig:
             port = getattr(self, name)
             if not 1024 <= port <= 65000:
                 raise InputError(name, port, "must be a port in 1024..65000")
+        try:
+            pwd.getpwnam(self.slurm_user)
+        except KeyError:
+            raise InputError(
+                "slurm_user", self.slurm_user, "must be an account of this machine"
+            ) from None
 
     @property
     def node_names(self) -> list[str]:
@@ -89,6 +109,12 @@ class DevClusterConfig:
     @property
     def conf_path(self) -> Path:
         return self.directory / "etc" / "slurm.conf"
+
+    @property
+    def slurm_ids(self) -> tuple[int, int]:
+        """(uid, gid) of `slurm_user`, for the files slurmctld writes."""
+        entry = pwd.getpwnam(self.slurm_user)
+        return entry.pw_uid, entry.pw_gid
 
     @property
     def munge_socket(self) -> Path:

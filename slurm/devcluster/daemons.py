@@ -27,7 +27,10 @@ REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "sbat
 
 def pid_files(cfg: DevClusterConfig) -> dict[str, Path]:
     run = cfg.directory / "run"
-    files = {"munged": cfg.directory / "munge" / "munged.pid", "slurmctld": run / "slurmctld.pid"}
+    files = {
+        "munged": cfg.directory / "munge" / "munged.pid",
+        "slurmctld": cfg.directory / "ctld" / "slurmctld.pid",
+    }
     files.update({f"slurmd {n}": run / f"slurmd-{n}.pid" for n in cfg.node_names})
     return files
 

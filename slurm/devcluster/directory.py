@@ -8,6 +8,7 @@ group or others (a folder above may be, with the sticky bit, like /tmp).
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 from pathlib import Path
 
@@ -41,14 +42,16 @@ def check_directory(directory: Path) -> None:
                 "--dir",
                 str(directory),
                 f"{path} {problem}; the dev cluster runs its files as root, so use a folder "
-                "owned by root with mode 0700",
+                "owned by root and writable by root alone (0755)",
             )
 
 
 def make_directory(directory: Path) -> None:
-    """Create the cluster folder root-only (0700) if missing, then check it and its parents."""
+    """Create the cluster folder (0755: root writes it, every user reads the config, as on a
+    site) if missing, then check it and its parents."""
     if not directory.exists():
         directory.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)
+            directory.mkdir()
+            os.chmod(directory, 0o755)
     check_directory(directory)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -48,6 +49,14 @@ def preflight(cfg: DevClusterConfig) -> None:
     if problems:
         raise EnvironmentProblem("; ".join(problems))
     make_directory(cfg.directory)
+    unreachable = closed_folder(cfg.directory) if cfg.slurm_user != "root" else None
+    if unreachable:
+        raise EnvironmentProblem(
+            f"{unreachable} is not searchable by other users (mode "
+            f"{stat.S_IMODE(unreachable.stat().st_mode):04o}), so slurmctld, which runs as "
+            f"{cfg.slurm_user}, and the cluster's users cannot read slurm.conf; use a folder "
+            "every user can traverse (0755 up to /)"
+        )
     live = live_daemons(cfg)
     if live:
         names = ", ".join(f"{n} (pid {p})" for n, p in live.items())
@@ -61,27 +70,52 @@ def preflight(cfg: DevClusterConfig) -> None:
         )
 
 
+def closed_folder(directory: Path) -> Path | None:
+    """The first of `directory` and its parents that other users cannot search (None: none)."""
+    for path in [directory.absolute(), *directory.absolute().parents]:
+        if not path.stat().st_mode & stat.S_IXOTH:
+            return path
+    return None
+
+
 def write_files(cfg: DevClusterConfig, fresh_hardware: bool = False) -> None:
     """Write configs, the munge key, placeholder GPU files and the directories daemons need
     (and, with `cfg.health`, what `cfg.node_setup` writes: the simulated hardware and the
-    health hooks' scripts)."""
+    health hooks' scripts).
+
+    Laid out as a site lays out Slurm: the config world-readable (folders 0755, files 0644)
+    so every user's commands read it; what slurmctld writes (its state, pid file and log) owned
+    by `cfg.slurm_user`; the munge key private to root.
+    """
     d = cfg.directory
-    for sub in ("etc", "state", "run", "log", "dev", "spool", "munge", "munge-key"):
+    for sub in ("etc", "state", "ctld", "run", "log", "dev", "spool", "munge", "munge-key"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    for sub in ("etc", "ctld", "run", "log", "dev", "spool", "munge"):
+        os.chmod(d / sub, 0o755)
     for n in cfg.node_names:
         (d / "spool" / n).mkdir(exist_ok=True)
     # munged wants its socket dir world-searchable and its key private to its owner.
-    os.chmod(d / "munge", 0o755)
     os.chmod(d / "munge-key", 0o700)
     key = d / "munge-key" / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
+    uid, gid = cfg.slurm_ids
+    ctld_log = d / "log" / "slurmctld.log"
+    ctld_log.touch()
+    for path in (d / "state", d / "ctld", ctld_log):
+        os.chown(path, uid, gid)
+    os.chmod(d / "state", 0o700)
+    os.chmod(ctld_log, 0o644)
     for i in range(cfg.gpus_per_node):
         (d / "dev" / f"nvidia{i}").touch()
-    (d / "etc" / "slurm.conf").write_text(slurm_conf(cfg))
-    (d / "etc" / "gres.conf").write_text(gres_conf(cfg))
-    (d / "etc" / "topology.conf").write_text(topology_conf(cfg))
+    for name, text in (
+        ("slurm.conf", slurm_conf(cfg)),
+        ("gres.conf", gres_conf(cfg)),
+        ("topology.conf", topology_conf(cfg)),
+    ):
+        (d / "etc" / name).write_text(text)
+        os.chmod(d / "etc" / name, 0o644)
     if cfg.node_setup is not None:
         cfg.node_setup(cfg, fresh_hardware)
     elif cfg.health:
@@ -89,6 +123,7 @@ def write_files(cfg: DevClusterConfig, fresh_hardware: bool = False) -> None:
             "health", True, "needs the node_setup that writes the nodes' simulated hardware"
         )
     (d / CONFIG_FILE).write_text(cfg.to_json())
+    os.chmod(d / CONFIG_FILE, 0o644)
 
 
 def _run(
@@ -246,7 +281,8 @@ def down(cfg: DevClusterConfig, grace: float = 10) -> list[str]:
     """
     if "slurmctld" in live_daemons(cfg):
         with contextlib.suppress(subprocess.TimeoutExpired):
-            _run(["scancel", "--full", "--quiet", "--user=root"], cfg, timeout=10)
+            # Every user's jobs (the cluster's one partition), not root's alone.
+            _run(["scancel", "--full", "--quiet", f"--partition={cfg.partition}"], cfg, timeout=10)
             _wait_for_no_jobs(cfg, 8)
     stopped: list[str] = []
     for munge in (False, True):

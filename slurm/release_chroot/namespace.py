@@ -21,6 +21,10 @@ from slurm.release_chroot.plan import Mount, chroot_env, mount_plan, run_cwd, ve
 HOST_FILES = ("etc/hosts", "etc/resolv.conf", "etc/hostname")
 REPO = Path(__file__).resolve().parent.parent.parent
 EXIT_TIMEOUT = 124
+#: Caches beside the chroots that runs may use, bound at the same path when present: the tests'
+#: site install and the self-contained interpreter it is made from (tests/site_install.py).
+SHARED_CACHES = ("python", "site")
+SHARED_CACHE_ROOT = Path(os.environ.get("FTHSDP_SITE_CACHE", "/var/cache/fthsdp"))
 
 
 def unshare() -> list[str]:
@@ -145,7 +149,9 @@ def chroot_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The host command line (and its environment) that runs `argv` inside `chroot`."""
     venv = (venv or default_venv()).absolute()
+    caches = [SHARED_CACHE_ROOT / name for name in SHARED_CACHES]
     binds = [REPO, venv, venv_base_prefix(venv), Path("/tmp"), *extra_binds]
+    binds += [c for c in caches if c.is_dir()]
     binds = [Path(os.path.realpath(b)) for b in binds]
     cwd = run_cwd(Path(os.path.realpath(os.getcwd())), binds, REPO)
     command = [*enter_argv(), "--root", str(chroot), "--version", version, "--cwd", str(cwd)]
