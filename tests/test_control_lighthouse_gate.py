@@ -291,6 +291,7 @@ def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back
 
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
+    secret.chmod(0o600)  # the run file rule: the secret is its owner's alone
 
     async def through(port: int) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
