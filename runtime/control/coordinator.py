@@ -53,6 +53,7 @@ from runtime.control.straggler.service import StragglerService
 from runtime.protocol import ReplicaReport
 from slurm.backend import SlurmBackend, make_backend
 from slurm.hostlist import job_nodes
+from slurm.privileges import resolve as resolve_drain
 from slurm.rundir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -107,12 +108,16 @@ class Coordinator:
         #: The keys signed requests are checked with (`runtime.control.auth`).
         self.auth = RequestAuth(ensure_secret(config.run_dir), clock)
         self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
+        #: Whether this user may drain, or asks root's Epilog to (`slurm.privileges`).
+        self.privileges = resolve_drain(config.drain, timeout=20.0)
+        log.info("drain mode %s: %s", self.privileges.mode, self.privileges.reason)
         #: Carries out the journaled Slurm actions (`runtime.control.executor`).
         self.executor = SlurmExecutor(
             self.backend,
             retries=config.action_retries,
             backoff_s=config.action_backoff_s,
             backoff_max_s=config.action_backoff_max_s,
+            drain_mode=self.privileges.mode,
         )
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
@@ -253,7 +258,8 @@ class Coordinator:
     async def start(self) -> None:
         if self.writer is None:
             self.writer = GroupWriter(self.journal)
-        await self.submit(CoordinatorStarted(self.clock()))
+        mode = self.privileges
+        await self.submit(CoordinatorStarted(self.clock(), mode.mode, mode.reason))
         if self._open:
             log.info("resuming %d open Slurm actions from the journal", len(self._open))
             by_event: dict[int, list[StoredAction]] = {}
