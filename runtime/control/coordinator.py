@@ -108,21 +108,21 @@ class Coordinator:
         #: The keys signed requests are checked with (`runtime.control.auth`).
         self.auth = RequestAuth(ensure_secret(config.run_dir), clock)
         self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
-        #: Whether this user may drain, or asks root's Epilog to (`slurm.privileges`).
-        self.privileges = resolve_drain(config.drain, timeout=20.0)
-        log.info("drain mode %s: %s", self.privileges.mode, self.privileges.reason)
         #: Carries out the journaled Slurm actions (`runtime.control.executor`).
         self.executor = SlurmExecutor(
             self.backend,
             retries=config.action_retries,
             backoff_s=config.action_backoff_s,
             backoff_max_s=config.action_backoff_max_s,
-            drain_mode=self.privileges.mode,
         )
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
         self.state, open_actions, self._seq = self.journal.rebuild(config.policy, config.job_ids)
+        #: Whether this user may drain, or asks root's Epilog to (`slurm.privileges`); decided
+        #: once the journal is known good, so a bad journal is the one line a start prints.
+        self.privileges = resolve_drain(config.drain, timeout=20.0)
+        self.executor.drain_mode = self.privileges.mode
         self._open = open_actions
         #: Group commit of the journal (created by `start`, on the running loop).
         self.writer: GroupWriter | None = None
@@ -259,6 +259,7 @@ class Coordinator:
         if self.writer is None:
             self.writer = GroupWriter(self.journal)
         mode = self.privileges
+        log.info("drain mode %s: %s", mode.mode, mode.reason)
         await self.submit(CoordinatorStarted(self.clock(), mode.mode, mode.reason))
         if self._open:
             log.info("resuming %d open Slurm actions from the journal", len(self._open))
