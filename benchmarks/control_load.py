@@ -87,6 +87,9 @@ class MemoryBackend:
     def resume(self, node: str) -> bool:
         return True
 
+    def set_comment(self, job_id: str, text: str) -> None:
+        pass
+
     def requeue(self, job_id: str) -> None:
         from dataclasses import replace
 

@@ -170,6 +170,9 @@ class RecordingBackend:
     def resume(self, node: str) -> bool:
         return False
 
+    def set_comment(self, job_id: str, text: str) -> None:
+        self.calls.append(("comment", job_id, text))
+
     def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
         requeued = {c[1] for c in self.calls if c[0] == "requeue"}
         return [

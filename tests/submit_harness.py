@@ -46,3 +46,6 @@ class RecordingBackend:
 
     def resume(self, node: str) -> bool:
         return False
+
+    def set_comment(self, job_id: str, text: str) -> None:
+        pass

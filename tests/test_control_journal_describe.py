@@ -65,7 +65,10 @@ def test_describe_event(event: Event, text: str) -> None:
     ("action", "text"),
     [
         (Requeue(1, "101", 0), "Requeue job_id=101 restarts=0"),
-        (Drain("node4", "fthsdp: xid 79", 2), "Drain node=node4 reason=fthsdp: xid 79"),
+        (
+            Drain("node4", "fthsdp: xid 79", 2, "104"),
+            "Drain node=node4 reason=fthsdp: xid 79 job_id=104 kind=fault",
+        ),
     ],
 )
 def test_describe_action(action: Action, text: str) -> None:

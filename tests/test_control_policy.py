@@ -93,6 +93,17 @@ def slurm_actions(per_event: list[list[object]]) -> list[object]:
 
 WARM = [status(0, 1, 1.0), status(1, 1, 1.0), status(2, 1, 1.0)]
 
+
+def requeued_off(k: int, node: str, reason: str, kind: str = "fault") -> list[object]:
+    """A node fault's actions: drain `node` (or ask for it: the Drain carries the job and the
+    request's kind), requeue the job, release it kept off `node`."""
+    return [
+        Drain(node, reason, k, JOBS[k], kind),
+        Requeue(k, JOBS[k], 0),
+        Release(k, JOBS[k], 0.0, (node,)),
+    ]
+
+
 CASES: list[tuple[str, list[Event], list[object]]] = [
     ("healthy reports do nothing", [*WARM, status(1, 2, 5.0)], []),
     (
@@ -103,29 +114,17 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "node fault -> drain, requeue, release",
         [*WARM, fatal(1, 2, 5.0, "node", "node2")],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "exit code NODE_FAULT without class -> tier 2",
         [*WARM, fatal(1, 2, 5.0, None, "node2", exit_code=ExitCode.NODE_FAULT)],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "duplicate node-fault report -> one requeue",
         [*WARM, fatal(1, 2, 5.0, "node", "node2"), fatal(1, 2, 5.1, "node", "node2")],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "worker and supervisor both report the death -> one requeue",
@@ -134,20 +133,12 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
             fatal(1, 2, 5.0, "node", "node2"),
             fatal(1, 0, 5.5, None, None, inc="sup", exit_code=ExitCode.NODE_FAULT, launch=0),
         ],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "our requeue then Slurm shows restart 1 -> nothing more",
         [*WARM, fatal(1, 2, 5.0, "node", "node2"), job(1, 1, "PENDING", 6.0)],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "Slurm's own requeue -> release only, never requeue",
@@ -167,11 +158,7 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "silent replica -> drain its leader node and requeue",
         [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0)],
-        [
-            Drain("node2", "fthsdp: silent: no report for 44s", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent"),
     ),
     (
         "coordinator restart gives grace: no silence requeue",
@@ -181,11 +168,7 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "silence tick twice -> one requeue",
         [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0), Tick(60.0)],
-        [
-            Drain("node2", "fthsdp: silent: no report for 44s", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent"),
     ),
     (
         "every replica silent at once -> the coordinator's outage: nothing drained or requeued",
@@ -225,20 +208,12 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "operator requeue with drain",
         [*WARM, OperatorRequeue(2, 9.0, "node3", "bad fan")],
-        [
-            Drain("node3", "fthsdp: manual: bad fan", 2),
-            Requeue(2, "102", 0),
-            Release(2, "102", 0.0),
-        ],
+        requeued_off(2, "node3", "fthsdp: manual: bad fan", "operator"),
     ),
     (
         "worker names its host, not the Slurm node: a one-node replica's node is drained",
         [*WARM, fatal(1, 2, 5.0, "node", "vm-hostname")],
-        [
-            Drain("node2", "fthsdp: fault: boom", 1),
-            Requeue(1, "101", 0),
-            Release(1, "101", 0.0),
-        ],
+        requeued_off(1, "node2", "fthsdp: fault: boom"),
     ),
     (
         "user error -> exit for good, nothing on Slurm",
@@ -397,7 +372,7 @@ def test_a_leader_gives_only_the_drain_reasons_detail(last_error: str, reason: s
     ev.report.last_error = last_error
     state, per = run([*WARM, ev])
     drains = [a for a in per[-1] if isinstance(a, Drain)]
-    assert drains == [Drain("node2", reason, 1)]
+    assert drains == [Drain("node2", reason, 1, "101")]
     assert drain_kind(drains[0].reason) == "fault"
     assert state.drained == {"node2": reason}
     assert all(" " <= c <= "~" for c in reason) and len(reason) <= REASON_MAX
@@ -407,7 +382,7 @@ def test_the_policy_kinds_stay_its_own() -> None:
     # The operator's (signed) requeue and a straggler keep their kinds, the detail printable.
     _, per = run([*WARM, OperatorRequeue(2, 9.0, "node3", "fan \x1b[5m")])
     assert [a for a in per[-1] if isinstance(a, Drain)] == [
-        Drain("node3", "fthsdp: manual: fan [5m", 2)
+        Drain("node3", "fthsdp: manual: fan [5m", 2, "102", "operator")
     ]
     _, per = run([*WARM, StragglerEviction(1, 5.0, "node2", "node2 2.0x")])
     assert drain_kind(next(a for a in per[-1] if isinstance(a, Drain)).reason) == "straggler"
@@ -419,11 +394,7 @@ def test_the_policy_kinds_stay_its_own() -> None:
         # mode "drain": the node is drained with the straggler reason, the job requeued
         (
             StragglerEviction(1, 5.0, "node2", "node2 2.0x"),
-            [
-                Drain("node2", "fthsdp: straggler: node2 2.0x", 1),
-                Requeue(1, "101", 0),
-                Release(1, "101", 0.0),
-            ],
+            requeued_off(1, "node2", "fthsdp: straggler: node2 2.0x", "straggler"),
         ),
         # mode "exclude": no drain; the requeued job is kept off the node for this run only
         (

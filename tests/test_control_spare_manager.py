@@ -97,3 +97,18 @@ def test_upkeep_retires_a_slot_on_a_drained_node_and_refills(tmp_path: Path) -> 
     assert any("retired slots 11" in line for line in done)
     pool = read_pool(tmp_path)
     assert pool is not None and pool.slots == (Slot("901"),) and pool.retired == ("11",)
+
+
+def test_a_node_the_run_asked_to_drain_is_no_slot_for_a_replica(tmp_path: Path) -> None:
+    """Without drain rights the suspect node stays up until root's Epilog acts: a slot on it is
+    treated as on a drained node (never moved into, retired when idle)."""
+    from runtime.control.spare_manager import SpareManager
+
+    write_pool(tmp_path, Pool(1, (IDLE,)))
+    backend = PoolBackend({"11": ("RUNNING", "n3")})
+    manager = SpareManager(tmp_path, backend)  # type: ignore[arg-type]
+    manager.suspects = frozenset({"n3"})
+    move, why = manager.move(0, "7", "replica-00.sbatch")
+    assert move is None and "plain requeue" in why
+    manager.upkeep()
+    assert backend.cancelled == ["11"] and backend.submitted == ["spare.sbatch"]

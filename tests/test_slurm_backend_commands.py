@@ -1,18 +1,24 @@
 """A slow or failing Slurm command says what fthsdp waits for, and still ends by its deadline.
 
 Real executables stand in for a slurmctld that answers late or not at all: a script that sleeps,
-and one that prints Slurm's own "Unable to contact slurm controller" and fails.
+and one that prints Slurm's own "Unable to contact slurm controller" and fails. `set_comment`
+(the drain-request channel) sends the comment as one argument and counts it set only once squeue
+shows it.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.backend.commands import WAIT_NOTICE_AFTER_S
+from slurm.errors import InputError
+from slurm.records import JobInfo
 
 
 def _script(tmp_path: Path, name: str, body: str) -> str:
@@ -83,3 +89,49 @@ def test_without_a_notice_nothing_changes(tmp_path: Path) -> None:
     hung = _script(tmp_path, "scontrol", "sleep 30")
     with pytest.raises(SlurmCommandError, match="timed out after 1s"):
         CommandBackend(timeout=1, retries=1)._run([hung])
+
+
+class _CommentBackend(CommandBackend):
+    """The command backend with Slurm's answers replaced: `scontrol update` is recorded and
+    `squeue` shows the job with `shown` as its comment."""
+
+    def __init__(self, shown: str | None) -> None:
+        super().__init__()
+        self.argvs: list[list[str]] = []
+        self.shown = shown
+
+    def _run(self, argv: Sequence[str], retry: bool = True) -> str:
+        self.argvs.append(list(argv))
+        return ""
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        if self.shown is None:
+            return []
+        return [JobInfo(j, "x", "RUNNING", "node1", 0, "", comment=self.shown) for j in job_ids]
+
+
+REQUEST = "fthsdp-drain-request/1 seq=3 node=node1 kind=operator detail=bad fan"
+
+
+def test_set_comment_is_one_argument_and_read_back() -> None:
+    backend = _CommentBackend(REQUEST)
+    backend.set_comment("12", REQUEST)
+    assert backend.argvs == [["scontrol", "update", "JobId=12", f"Comment={REQUEST}"]]
+
+
+@pytest.mark.parametrize(
+    ("shown", "what"), [("someone else's", 'comment "someone else\'s"'), (None, "no such job")]
+)
+def test_set_comment_not_shown_is_an_error(shown: str | None, what: str) -> None:
+    with pytest.raises(SlurmCommandError, match=re.escape(what)):
+        _CommentBackend(shown).set_comment("12", REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("job", "text"), [("12;x", REQUEST), ("12", "two\nlines"), ("12", ""), ("12", "x" * 1001)]
+)
+def test_set_comment_refuses_bad_input_before_slurm(job: str, text: str) -> None:
+    backend = _CommentBackend(text)
+    with pytest.raises(InputError):
+        backend.set_comment(job, text)
+    assert backend.argvs == []

@@ -534,3 +534,37 @@ def test_doctor_fails_a_broken_cluster_and_names_the_lines(site_dir: Path) -> No
     r = _doctor("--timeout", "60", env=_on(cfg))
     assert r.returncode == 3, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "scontrol show config" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# the drain mode (slurm.privileges): what a run of the calling user does about a suspect node
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize(
+    ("uid", "user", "mode", "says"),
+    [
+        (0, "root", "direct", "drains a suspect node itself"),
+        (65534, "nobody", "request", "asks root's Epilog for the drain"),
+    ],
+)
+def test_drain_mode_row(release: str, uid: int, user: str, mode: str, says: str) -> None:
+    from fthsdp_cli.commands.doctor import drain_finding
+    from slurm.privileges import decide
+
+    row = drain_finding(decide(uid, user, _capture(release)))
+    assert (row.check, row.status, row.fix) == ("drain mode", "pass", None)
+    assert row.detail.startswith(f"{mode} for {user}: ") and says in row.detail
+    assert "ExcNodeList" in row.detail
+
+
+def test_root_is_direct_without_asking_slurm() -> None:
+    """Root may drain on any cluster, so the probe decides without a Slurm command (no cluster
+    runs here); doctor as `nobody` on a real cluster is in tests/test_story_drain_request.py."""
+    from slurm.privileges import probe
+
+    got = probe(timeout=5)
+    if os.geteuid() == 0:
+        assert (got.mode, got.reason) == ("direct", "running as root")
+    else:
+        assert got.mode == "request"

@@ -140,6 +140,14 @@ def _run_dir(f: Callable[..., None]) -> Callable[..., None]:
     help="Require `Authorization: Bearer <token>` on GET /metrics, the token read from this "
     "file (env FTHSDP_METRICS_TOKEN_FILE, e.g. from the spec's [job].env).",
 )
+@click.option(
+    "--drain",
+    type=click.Choice(["auto", "direct", "request"]),
+    envvar="FTHSDP_DRAIN",
+    default=None,
+    help="Drain nodes directly, or ask root's Epilog through the job's comment; auto decides "
+    "by this user's Slurm rights (env FTHSDP_DRAIN). Default: the spec's control.drain (auto).",
+)
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
 def control(
@@ -160,6 +168,7 @@ def control(
     straggler_requeue_cost_s: float | None,
     straggler_mode: str | None,
     metrics_token_file: Path | None,
+    drain: str | None,
     no_lighthouse: bool,
     no_poll: bool,
 ) -> None:
@@ -231,6 +240,7 @@ def control(
         straggler=straggler,
         eviction=eviction,
         metrics_token=token,
+        drain=drain or settings.drain,
     )
     lighthouse = None
     if not no_lighthouse:

@@ -53,6 +53,7 @@ from runtime.control.straggler.service import StragglerService
 from runtime.protocol import ReplicaReport
 from slurm.backend import SlurmBackend, make_backend
 from slurm.hostlist import job_nodes
+from slurm.privileges import resolve as resolve_drain
 from slurm.rundir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -118,6 +119,10 @@ class Coordinator:
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
         self.state, open_actions, self._seq = self.journal.rebuild(config.policy, config.job_ids)
+        #: Whether this user may drain, or asks root's Epilog to (`slurm.privileges`); decided
+        #: once the journal is known good, so a bad journal is the one line a start prints.
+        self.privileges = resolve_drain(config.drain, timeout=20.0)
+        self.executor.drain_mode = self.privileges.mode
         self._open = open_actions
         #: Group commit of the journal (created by `start`, on the running loop).
         self.writer: GroupWriter | None = None
@@ -255,7 +260,9 @@ class Coordinator:
     async def start(self) -> None:
         if self.writer is None:
             self.writer = GroupWriter(self.journal)
-        await self.submit(CoordinatorStarted(self.clock()))
+        mode = self.privileges
+        log.info("drain mode %s: %s", mode.mode, mode.reason)
+        await self.submit(CoordinatorStarted(self.clock(), mode.mode, mode.reason))
         if self._open:
             log.info("resuming %d open Slurm actions from the journal", len(self._open))
             by_event: dict[int, list[StoredAction]] = {}

@@ -7,6 +7,16 @@ outcome for the journal. `SlurmExecutor.carry_out` runs it in a worker thread wi
 retries and exponential backoff on transient failures, recording every attempt through the
 callback it is given (the coordinator's journal). The spare pool uses `execute` for its plain
 requeue fallback, so there is one place that knows how an action becomes Slurm commands.
+
+Drains have two modes (`slurm.privileges`). `direct`: `scontrol update NodeName=N State=DRAIN`,
+for a coordinator whose user may change node state (root, SlurmUser, a Slurm operator). `request`:
+the job's owner may not drain, so the drain is written as a request into the replica job's own
+Comment (`slurm.drain_request`) for root's Epilog to carry out under the site's policy; it is
+journaled `requested`, never `done`, because nothing has been drained yet. The policy puts the
+Drain before the job's Requeue and the coordinator runs one decision's actions in order, so the
+comment is on the job when its Epilog runs. A direct drain that Slurm refuses for lack of rights
+is journaled `failed` with Slurm's message and then asked for as a request. Either way the
+policy keeps the node off the requeued job (`ExcNodeList`, which the owner may set).
 """
 
 from __future__ import annotations
@@ -17,8 +27,10 @@ from collections.abc import Awaitable, Callable
 
 from runtime.control.journal.schema import StoredAction
 from runtime.control.policy import Action, Cancel, Drain, Release, Requeue
-from slurm.backend import SlurmBackend, SlurmCommandError
+from slurm.backend import DRAIN_PREFIX, SlurmBackend, SlurmCommandError
+from slurm.drain_request import DrainRequest
 from slurm.errors import EnvironmentProblem, InputError
+from slurm.privileges import DrainMode, lacks_rights
 from slurm.records import lead_record
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -40,6 +52,13 @@ def retryable(exc: SlurmCommandError) -> bool:
     return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
 
 
+def drain_request(action: Drain, seq: int) -> DrainRequest:
+    """The request a Drain becomes without drain rights; the detail is the policy's reason
+    without the `fthsdp:` prefix (the Epilog writes its own reason, with job and user)."""
+    detail = action.reason.removeprefix(DRAIN_PREFIX).strip()
+    return DrainRequest.make(seq % 10**9, action.node, action.kind, detail)
+
+
 class SlurmExecutor:
     """Carries out Slurm actions through one backend, with `retries` attempts per action and a
     backoff of `backoff_s` doubling up to `backoff_max_s` between them."""
@@ -50,20 +69,34 @@ class SlurmExecutor:
         retries: int = 5,
         backoff_s: float = 1.0,
         backoff_max_s: float = 30.0,
+        drain_mode: DrainMode = "direct",
     ) -> None:
         self.backend = backend
         self.retries = retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
+        #: How a Drain is carried out (`slurm.privileges`): drain, or request it of root's Epilog.
+        self.drain_mode: DrainMode = drain_mode
 
     async def carry_out(self, stored: StoredAction, resumed: bool, record: AttemptRecorder) -> None:
         """Run one journaled action with retries and backoff, each attempt recorded."""
         loop = asyncio.get_running_loop()
         action = stored.action
         await record(stored.id, "started", "resumed after restart" if resumed else "")
-        for attempt in range(self.retries):
+        request = False  # a Drain asked of root's Epilog (request mode, or direct refused)
+        attempt = -1
+        while attempt + 1 < self.retries:
+            attempt += 1
             try:
-                outcome, detail = await loop.run_in_executor(None, self.execute, action, resumed)
+                outcome, detail = await loop.run_in_executor(
+                    None, self.execute, action, resumed, stored.id, request
+                )
+            except DrainRefused as exc:
+                await record(stored.id, "failed", f"{exc}; asking root's Epilog instead")
+                log.warning("drain of %s refused (%s): requesting it", exc.node, exc.cause.stderr)
+                request = True
+                attempt -= 1  # the request is a first attempt of its own
+                continue
             except (InputError, EnvironmentProblem) as exc:
                 # Refused before Slurm was asked (a bad node name, Slurm not usable):
                 # retrying cannot help.
@@ -82,11 +115,23 @@ class SlurmExecutor:
                 await record(stored.id, outcome, detail)
                 break
 
-    def execute(self, action: Action, resumed: bool) -> tuple[str, str]:
-        """Carry out one Slurm action (in a worker thread); returns (outcome, detail)."""
+    def execute(
+        self, action: Action, resumed: bool, seq: int = 0, request: bool = False
+    ) -> tuple[str, str]:
+        """Carry out one Slurm action (in a worker thread); returns (outcome, detail).
+
+        `seq` numbers a drain request (the action's journal id); `request` asks for a Drain
+        as a request whatever the mode (after a direct drain was refused)."""
         b = self.backend
         if isinstance(action, Drain):
-            ok = b.drain(action.node, action.reason)
+            if request or self.drain_mode == "request":
+                return self._request_drain(action, seq)
+            try:
+                ok = b.drain(action.node, action.reason)
+            except SlurmCommandError as exc:
+                if lacks_rights(exc):
+                    raise DrainRefused(action.node, exc) from exc
+                raise
             return ("done", "drained") if ok else ("skipped", "drained by someone else")
         if isinstance(action, Requeue):
             current = lead_record(b.jobs([action.job_id]), action.job_id)
@@ -105,3 +150,20 @@ class SlurmExecutor:
             b.cancel([action.job_id])
             return ("done", "cancelled")
         return ("skipped", f"not a Slurm action: {action}")
+
+    def _request_drain(self, action: Drain, seq: int) -> tuple[str, str]:
+        """Write the drain request into the replica job's Comment, read back before counted."""
+        if action.job_id is None:
+            raise InputError("job id", None, "the replica's job, to carry the drain request")
+        text = drain_request(action, seq).text()
+        self.backend.set_comment(action.job_id, text)
+        return ("requested", f"in job {action.job_id}'s comment for root's Epilog: {text}")
+
+
+class DrainRefused(SlurmCommandError):
+    """A direct drain that slurmctld refused because the user may not change node state."""
+
+    def __init__(self, node: str, cause: SlurmCommandError) -> None:
+        super().__init__(cause.argv, cause.returncode, cause.stderr)
+        self.node = node
+        self.cause = cause

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from runtime.protocol import ExitCode, ReplicaReport
 from slurm.backend import DRAIN_PREFIX, drain_reason
 from slurm.drain_request import printable
+from slurm.records import NODE_NAME
 
 Phase = Literal[
     "pending", "starting", "training", "healing", "restarting", "requeued", "out", "done", "ended"
@@ -186,6 +187,9 @@ class CoordinatorStarted:
     """The coordinator (re)started: silence while it was down is not the replicas' fault."""
 
     at: float
+    #: The drain mode it runs in (`slurm.privileges`), and why: journaled with its start.
+    drain_mode: str | None = None
+    drain_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,11 +224,20 @@ Event = (
 # -- actions ----------------------------------------------------------------------------------
 
 
+#: What a drain asks root's hooks to act on when the coordinator may not drain itself
+#: (`slurm.drain_request.KINDS`): the policy's check, with every other check a "fault".
+DRAIN_KINDS = {"straggler": "straggler", "silent": "silent", "manual": "operator"}
+
+
 @dataclass(frozen=True)
 class Drain:
     node: str
     reason: str
     replica: int | None = None
+    #: The replica's job when decided: without drain rights the request goes into its Comment.
+    job_id: str | None = None
+    #: `slurm.drain_request.KINDS`: why, for the hooks' policy (see `DRAIN_KINDS`).
+    kind: str = "fault"
 
 
 @dataclass(frozen=True)
@@ -321,6 +334,8 @@ def apply(new: RunState, event: Event) -> list[Action]:
             if r.last_report_at is not None:
                 r.last_report_at = max(r.last_report_at, event.at)
             r.phase_since = max(r.phase_since, event.at)
+        if event.drain_mode:
+            actions.append(Note(None, f"drain mode {event.drain_mode}: {event.drain_why}"))
     elif isinstance(event, OperatorRequeue):
         _on_operator(new, event, actions)
     elif isinstance(event, StragglerEviction):
@@ -488,12 +503,14 @@ def _drain(
     check: str,
     detail: str,
     actions: list[Action],
-) -> None:
+) -> str | None:
+    """Decide the drain of the replica's `node`; returns the Slurm node meant (None: no node of
+    the replica's could be named), which its requeued job is also kept off."""
     if node not in r.nodes and r.nodes:
         # A worker may name its host rather than its Slurm node; a one-node replica is unambiguous.
         if len(r.nodes) != 1:
             actions.append(Note(r.replica, f"failed node {node!r} is not one of {r.nodes}"))
-            return
+            return None
         node = r.nodes[0]
     # The policy chose the kind (`check`); the detail (a leader's text, perhaps a health
     # check's drain reason) is only shown: printable ASCII, and a kind it names is part of it.
@@ -502,9 +519,11 @@ def _drain(
     if text.startswith(DRAIN_PREFIX):
         text = text[len(DRAIN_PREFIX) :].strip()
     reason = drain_reason(check, text)
+    kind = DRAIN_KINDS.get(check, "hung" if text.startswith("hung:") else "fault")
     if state.drained.get(node) != reason:
         state.drained[node] = reason
-        actions.append(Drain(node, reason, r.replica))
+        actions.append(Drain(node, reason, r.replica, r.job_id, kind))
+    return node if NODE_NAME.fullmatch(node) else None
 
 
 def _requeue(
@@ -518,8 +537,13 @@ def _requeue(
     actions: list[Action],
     exclude: tuple[str, ...] = (),
 ) -> None:
+    """Requeue the replica's job; a suspect `node` is drained (or its drain requested) and kept
+    off the requeued job in every case: a drain may be refused, or done only later by root's
+    Epilog, and the job must not land on that node again meanwhile."""
     if node:
-        _drain(state, r, node, check, detail, actions)
+        suspect = _drain(state, r, node, check, detail, actions)
+        if suspect is not None and suspect not in exclude:
+            exclude = (*exclude, suspect)
     r.handled = "requeue"
     r.requeues += 1
     _directive(r, "requeue", delay, actions)

@@ -18,6 +18,7 @@ from runtime.control.policy import PolicyConfig
 from runtime.control.straggler.detect import StragglerConfig
 from runtime.control.straggler.evict import EvictionConfig
 from slurm.errors import InputError
+from slurm.privileges import check_setting
 from slurm.rundir import read_job_ids, read_json, read_spec_data
 
 RUN_FILE = "run.json"
@@ -52,6 +53,8 @@ class CoordinatorConfig:
     #: the event loop runs this many seconds late or a journal write waits this long: a leader
     #: (2 s timeout) would give up on it anyway, and shedding it drains the backlog.
     max_queue_s: float = 1.0
+    #: How drains are carried out (`slurm.privileges.DRAIN_SETTINGS`; spec `control.drain`).
+    drain: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class RunSettings:
     total_steps: int | None = None
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    drain: str = "auto"
 
 
 def straggler_config(
@@ -96,6 +100,8 @@ def load_run_settings(run_dir: Path) -> RunSettings:
     spec = read_spec_data(run_dir)  # checked field by field: a bad file is one line, exit 2
     if spec is not None:
         train = spec.get("train", {})
+        if spec.get("control", {}).get("drain") is not None:
+            lighthouse["drain"] = check_setting(str(spec["control"]["drain"]), "control.drain")
         settings["replicas"] = int(spec["replicas"]["count"])
         for key in ("min_replicas", "max_restarts_per_replica", "restart_window_s"):
             if key in train:

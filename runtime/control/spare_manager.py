@@ -92,6 +92,10 @@ class SpareManager:
         self._lock = threading.Lock()
         self._last_views: dict[str, SlotView] = {}
         self._polls = 0
+        #: Nodes the run decided to drain (the policy's `RunState.drained`): unusable for a
+        #: slot like a drained node, since without drain rights the drain is only requested
+        #: and the node may still be up, where a refill slot could land.
+        self.suspects: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, run_dir: Path, backend: SlurmBackend) -> SpareManager | None:
@@ -118,7 +122,7 @@ class SpareManager:
         nodes_of = {j: job_nodes(i.nodes) for j, i in found.items()}
         wanted = sorted({n for ns in nodes_of.values() for n in ns})
         listed = self.backend.nodes(wanted) if wanted else []
-        bad = {n.name for n in listed if _bad(n.flags, n.state)}
+        bad = {n.name for n in listed if _bad(n.flags, n.state)} | (self.suspects & set(wanted))
         views = {}
         for j in ids:
             nodes = tuple(nodes_of.get(j, ()))
@@ -226,6 +230,7 @@ async def carry_out(coord: PoolHost, stored: StoredAction, resumed: bool) -> boo
         return True
     if not isinstance(action, Requeue):
         return False
+    spares.suspects = frozenset(coord.state.drained)
     try:
         script = _script_of(spares.run_dir, action.replica)
         move, why = await loop.run_in_executor(
@@ -264,6 +269,7 @@ async def on_poll(coord: PoolHost, every: int = 3) -> None:
     if all(r.phase in FINISHED_PHASES for r in coord.state.replicas.values()):
         return  # the run is over: no refills for a pool nobody will use
     loop = asyncio.get_running_loop()
+    spares.suspects = frozenset(coord.state.drained)
     try:
         for line in await loop.run_in_executor(None, spares.upkeep):
             log.warning("spare pool: %s", line)

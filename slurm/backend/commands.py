@@ -36,6 +36,8 @@ from slurm.records import (
 
 #: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
 RELEASE_DELAY_S = 2
+#: Longest job comment `set_comment` writes (Slurm keeps far more; a drain request is shorter).
+COMMENT_MAX = 1000
 #: Seconds a Slurm command may take before a `notice` says what fthsdp is waiting for.
 WAIT_NOTICE_AFTER_S = 3.0
 
@@ -306,6 +308,24 @@ class CommandBackend:
             raise InputError("job id", job_id, "digits only")
         text = note.replace("\n", " ").replace('"', "'")[:200]
         self._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={text}"])
+
+    def set_comment(self, job_id: str, text: str) -> None:
+        """Set one job's `Comment` to `text` and read it back; raises unless Slurm shows it.
+
+        The job's owner may set its Comment (AdminComment needs an operator): it is how a run
+        without drain rights asks root's Epilog for a drain (`slurm.drain_request`). A comment
+        is counted as set only once `squeue` shows exactly `text` on the job.
+        """
+        if not job_id.isdigit():
+            raise InputError("job id", job_id, "digits only")
+        if not text or len(text) > COMMENT_MAX or not text.isprintable():
+            raise InputError("comment", text[:80], f"one printable line of 1-{COMMENT_MAX} chars")
+        argv = ["scontrol", "update", f"JobId={job_id}", f"Comment={text}"]
+        self._run(argv)
+        shown = [j.comment.strip() for j in self.jobs([job_id]) if j.job_id == job_id]
+        if shown != [text]:
+            what = f"comment {shown[0][:60]!r}" if shown else "no such job"
+            raise SlurmCommandError(argv, 0, f"exit 0 but squeue shows {what}, not the one set")
 
     def _update_node(self, node: str, state: str, reason: str | None) -> None:
         argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]

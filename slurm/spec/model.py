@@ -22,6 +22,7 @@ from typing import Any
 from slurm import contract
 from slurm.errors import InputError
 from slurm.health_names import CHECK_NAMES
+from slurm.privileges import check_setting
 from slurm.spec.fields import (
     EMAIL,
     ENV_KEY,
@@ -299,8 +300,12 @@ class ControlSection:
     lighthouse_port: int = 0
     coordinator_port: int = 0
     python: str = DEFAULT_PYTHON
+    #: How the coordinator drains a node (`slurm.privileges`): `auto` decides at start whether
+    #: the run's user may; `direct` drains; `request` asks root's Epilog through the job comment.
+    drain: str = "auto"
 
     def __post_init__(self) -> None:
+        check_setting(self.drain, "control.drain")
         check_name("control.partition", self.partition)
         check_positive("control.cpus", self.cpus)
         check_mem("control.mem", self.mem)

@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS rejections (
 );
 """
 
-#: Action states. `decided` -> `started` -> `done` | `failed` | `skipped`.
+#: Action states. `decided` -> `started` -> `done` | `failed` | `skipped` | `requested` (a drain
+#: asked of root's Epilog, `runtime.control.executor`).
 OPEN_STATES = ("decided", "started")
 #: How long a connection waits for another's write lock before it fails.
 BUSY_TIMEOUT_MS = 10_000
