@@ -3,13 +3,13 @@
 On the real dev cluster, with two real one-node jobs standing in for a run's replicas: an
 unknown node (an operator's typo) and the other replica's node are refused with exit 2 and
 nothing is drained, both through a running coordinator and through the direct-Slurm fallback
-(no coordinator); the replica's own node is drained and the job requeued.
+(no coordinator).
 
 Everything runs as a site's job user, `fthsdp-user`: the jobs, the coordinator and the
-operator's `fthsdp requeue`, from the site install. The refusals hold as that user. The drain
-itself does not yet: a job user may not drain a node in Slurm (the coordinator's
-`scontrol update NodeName=.. State=DRAIN` is refused with "Invalid user id"), so that half is a
-strict expected failure until root's Epilog drains on the run's request.
+operator's `fthsdp requeue`, from the site install. What the replica's own node gets as that
+user (no drain rights: a drain request in the job's comment, the job kept off the node) is
+`tests/test_story_drain_request.py`; what root's Epilog then does with the request is
+`tests/test_story_drain_requests.py`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,6 @@ from user_harness import SiteUser
 
 from slurm import devcluster
 from slurm.backend import CommandBackend
-
-#: A job user may not drain a node (Slurm refuses the coordinator's drain with "Invalid user
-#: id"); the drain half of the story waits for root's Epilog to drain on the run's request.
-USER_CANNOT_DRAIN = pytest.mark.xfail(
-    strict=True,
-    reason="a job user cannot drain a node in Slurm; needs the Epilog drain-request channel",
-)
 
 
 def _cli(user: SiteUser, *args: str) -> subprocess.CompletedProcess[str]:
@@ -130,29 +123,5 @@ def test_requeue_refuses_a_node_not_the_replicas(
     try:
         control.start()
         _refusals(run, user, nodes[1], backend)
-    finally:
-        control.stop()
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(300)
-@USER_CANNOT_DRAIN
-def test_requeue_drains_the_replicas_own_node(
-    two_replicas: tuple[Path, SiteUser, list[str], list[str]],
-) -> None:
-    run, user, _, nodes = two_replicas
-    backend = CommandBackend(env={**os.environ, "SLURM_CONF": user.env["SLURM_CONF"]})
-    control = ControlProcess(run, user)
-    try:
-        control.start()
-        r = _cli(user, "requeue", str(run), "--replica", "0", "--drain", nodes[0], "--json")
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["via"] == "coordinator"
-        deadline = time.monotonic() + 60
-        while _drained(backend) != [nodes[0]]:
-            assert time.monotonic() < deadline, _drained(backend)
-            time.sleep(0.5)
-        (info,) = backend.nodes([nodes[0]])
-        assert info.reason.startswith("fthsdp: manual:"), info
     finally:
         control.stop()
