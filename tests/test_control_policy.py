@@ -200,9 +200,9 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
             Tick(82.0),
         ],
         [
-            Drain("node3", "fthsdp: silent: no report for 31s", 2),
+            Drain("node3", "fthsdp: silent: no report for 31s", 2, "102", "silent"),
             Requeue(2, "102", 0),
-            Release(2, "102", 0.0),
+            Release(2, "102", 0.0, ("node3",)),
         ],
     ),
     (

@@ -52,6 +52,7 @@ VALID: dict[str, tuple[str, tuple[str, ...]]] = {
     "control.mem": ("1G", ()),
     "control.time": ("10", ()),
     "control.python": ("python3", ()),
+    "control.drain": ("request", ()),
     "train.straggler_mode": ("report", ()),
     "train.mode": ("torchft", ("train.progress_regex=step (?P<step>[0-9]+)",)),
     "train.progress_regex": ("step (?P<step>[0-9]+)", ("train.mode=torchft",)),
