@@ -136,7 +136,10 @@ CASES: list[tuple[str, list[Event], PolicyConfig, list[object]]] = [
         "health check's reason: kind fault",
         [*WARM, node_fault(1, 2, 5.0, "node2", "fthsdp: xid: Xid 79")],
         CFG,
-        [Drain("node2", "fthsdp: fault: xid: Xid 79", 1, "101"), Release(1, "101", 0.0, ("node2",))],
+        [
+            Drain("node2", "fthsdp: fault: xid: Xid 79", 1, "101"),
+            Release(1, "101", 0.0, ("node2",)),
+        ],
     ),
     (
         "operator requeue --drain: kind operator, excluded",
