@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: install slurm-deps browser-deps chroots test test-slurm test-matrix lint typecheck check demo bench clean site-install site-wheel site-cache
+.PHONY: install slurm-deps browser-deps chroots test test-slurm lint typecheck check demo bench clean site-install site-wheel site-cache
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,24 +73,10 @@ check: lint typecheck
 test: install slurm-deps browser-deps lint typecheck chroots site-cache
 	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
 	$(BIN)/python -m pytest -m "slurm or slow" --durations=15
-	@$(MAKE) --no-print-directory test-matrix
-
-# The slurm-marked tests on every other release of the matrix, side by side: each release runs in
-# its own chroot and mount namespace with its own dev cluster (ports of its own), and its tests
-# mostly wait on Slurm and on paced training steps, so two share the two cores. Each release's
-# output is kept in build/test-logs/ and printed whole when it ends.
-MATRIX_LOGS = build/test-logs
-test-matrix: install slurm-deps chroots site-cache
-	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; exit 0; fi; \
-	mkdir -p $(MATRIX_LOGS); rm -f $(MATRIX_LOGS)/slurm-*; versions="$$($(RELEASES) others)"; \
-	for v in $$versions; do \
-	  ( $(MAKE) --no-print-directory test-slurm VERSION=$$v > $(MATRIX_LOGS)/slurm-$$v.log 2>&1; \
-	    echo $$? > $(MATRIX_LOGS)/slurm-$$v.rc ) & \
-	done; wait; rc=0; \
-	for v in $$versions; do \
-	  echo "== slurm-marked tests on Slurm $$v"; cat $(MATRIX_LOGS)/slurm-$$v.log; \
-	  [ "$$(cat $(MATRIX_LOGS)/slurm-$$v.rc 2>/dev/null)" = 0 ] || { echo "== Slurm $$v FAILED"; rc=1; }; \
-	done; exit $$rc
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; \
+	else for v in $$($(RELEASES) others); do \
+	  echo "== slurm-marked tests on Slurm $$v"; $(MAKE) --no-print-directory test-slurm VERSION=$$v || exit 1; \
+	done; fi
 
 # A site install: the project's wheel with its runtime and health extras and the pinned CPU torch,
 # in a virtualenv made from a Python every user can run (not the developer's .venv, whose
