@@ -48,8 +48,17 @@ _RETRYABLE = (
 )
 
 
+#: Failures that mean Slurm could not be asked at all (slurmctld stopped, restarting, or
+#: unreachable): not a verdict on the action, so it is never given up for them.
+_UNREACHABLE = ("Unable to contact", "Socket timed out", "Connection refused", "timed out")
+
+
 def retryable(exc: SlurmCommandError) -> bool:
     return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
+
+
+def unreachable(exc: SlurmCommandError) -> bool:
+    return exc.returncode == -1 or any(t in exc.stderr for t in _UNREACHABLE)
 
 
 def drain_request(action: Drain, seq: int) -> DrainRequest:
@@ -61,7 +70,9 @@ def drain_request(action: Drain, seq: int) -> DrainRequest:
 
 class SlurmExecutor:
     """Carries out Slurm actions through one backend, with `retries` attempts per action and a
-    backoff of `backoff_s` doubling up to `backoff_max_s` between them."""
+    backoff of `backoff_s` doubling up to `backoff_max_s` between them. A failure that means
+    Slurm could not be asked at all (`unreachable`) uses up no attempt: the action is retried
+    until Slurm answers."""
 
     def __init__(
         self,
@@ -85,6 +96,8 @@ class SlurmExecutor:
         await record(stored.id, "started", "resumed after restart" if resumed else "")
         request = False  # a Drain asked of root's Epilog (request mode, or direct refused)
         attempt = -1
+        failures = 0  # failed tries so far: the backoff's exponent
+        away_for = next_log = 0.0  # seconds Slurm has been unreachable; when to log it again
         while attempt + 1 < self.retries:
             attempt += 1
             try:
@@ -104,12 +117,23 @@ class SlurmExecutor:
                 log.error("giving up on %s: %s", action, exc)
                 break
             except SlurmCommandError as exc:
-                if attempt + 1 >= self.retries or not retryable(exc):
+                away = unreachable(exc)
+                if not away and (attempt + 1 >= self.retries or not retryable(exc)):
                     await record(stored.id, "failed", str(exc))
                     log.error("giving up on %s: %s", action, exc)
                     break
+                delay = min(self.backoff_s * 2 ** min(failures, 30), self.backoff_max_s)
+                failures += 1
+                if away:
+                    # Slurm is away: the action stays pending and is tried again, with the
+                    # backoff, for as long as the run lives. Each try re-reads what Slurm shows
+                    # (`execute`), so one that became moot meanwhile ends as skipped.
+                    attempt -= 1
+                    if away_for >= next_log:
+                        log.warning("Slurm unreachable for %s (%s): retrying", action, exc)
+                        next_log = away_for + 60.0
+                    away_for += delay
                 await record(stored.id, "retry", str(exc))
-                delay = min(self.backoff_s * 2**attempt, self.backoff_max_s)
                 await asyncio.sleep(delay)
             else:
                 await record(stored.id, outcome, detail)
