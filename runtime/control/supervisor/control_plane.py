@@ -8,6 +8,12 @@ job now and then; if that job ended, or the wait runs out, the wait ends with on
 and the supervisor stops with `EXIT_NO_CONTROL_PLANE`, having counted no failure and requeued
 nothing: a replica that never trained because the control plane was not up has not failed.
 
+A requeued control job is held by Slurm behind a begin time about 100-120 s ahead; the job's
+owner may move it (`StartTime`), so while the control plane does not answer the supervisor asks
+Slurm about the control job, and releases it when it is held so (`release_held_control_job`),
+both in the wait before a launch and, every `control_check_s`, while its step trains
+(`ControlJobWatch`): the run's own control plane never waits out the requeue delay.
+
 The addresses in `control.json` are read tolerantly here (`lighthouse_url`, `coordinator_url`):
 None while the control job has not written the file, or is replacing it.
 """
@@ -16,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
 from runtime.control.supervisor.config import SupervisorConfig
-from slurm.backend import SlurmBackend, SlurmCommandError, SlurmOutputError
+from slurm.backend import JobInfo, SlurmBackend, SlurmCommandError, SlurmOutputError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.rundir import CONTROL_FILE, RunFileError, read_control
 
@@ -98,6 +105,62 @@ def control_job_of(run_dir: Path) -> str | None:
         return None  # not a submitted run (no jobs.json): nothing to ask Slurm about
 
 
+#: A pending control job whose begin time is further ahead than this is held (a requeue's delay).
+HELD_AHEAD_S = 5.0
+
+
+def held_by_requeue(info: JobInfo, now: float) -> bool:
+    """Whether a control job's record shows it pending behind a begin time ahead of `now` (what
+    Slurm sets on a requeue), as opposed to waiting for resources or running."""
+    return info.state.upper() == "PENDING" and info.eligible_time > now + HELD_AHEAD_S
+
+
+def release_held_control_job(backend: SlurmBackend, job: str, now: float | None = None) -> bool:
+    """Make the control job `job` eligible now when Slurm holds it behind a requeue's begin
+    time; True when released. Only what was read is acted on: a job Slurm cannot be asked
+    about, or not held, is left alone."""
+    try:
+        infos = [i for i in backend.jobs([job]) if i.base_id == job and i.het_offset == 0]
+    except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
+        log.warning("cannot ask Slurm about control job %s: %s", job, exc)
+        return False
+    if not infos or not held_by_requeue(infos[0], time.time() if now is None else now):
+        return False
+    try:
+        backend.release(job)
+    except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
+        log.warning("could not release control job %s: %s", job, exc)
+        return False
+    log.info("control job %s was held behind its requeue's begin time: released it", job)
+    return True
+
+
+class ControlJobWatch:
+    """While the step trains: every `control_check_s`, if the control plane does not answer,
+    release the control job when Slurm holds it behind a requeue's begin time."""
+
+    def __init__(self, config: SupervisorConfig, backend: SlurmBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.job = control_job_of(config.run_dir)
+        self.released = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fthsdp-control-watch", daemon=True)
+
+    def _loop(self) -> None:
+        c = self.config
+        while not self._stop.wait(c.control_check_s):
+            if self.job and control_plane_problem(c.run_dir, None) is not None:
+                self.released += release_held_control_job(self.backend, self.job)
+
+    def start(self) -> None:
+        if self.job:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class ControlPlaneWait:
     """The wait for the control plane before a launch (module docstring)."""
 
@@ -150,6 +213,8 @@ class ControlPlaneWait:
                 told = True
             if now >= next_check:
                 next_check = now + c.control_check_s
+                if self.control_job:
+                    release_held_control_job(self.backend, self.control_job)
                 ended = self.control_job_ended()
                 if ended is not None:
                     job = self.control_job

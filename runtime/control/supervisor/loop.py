@@ -28,7 +28,11 @@ from types import FrameType
 
 from runtime.control.lighthouse_gate import ForwarderThread, LighthouseForwarder
 from runtime.control.supervisor.config import SupervisorConfig
-from runtime.control.supervisor.control_plane import ControlPlaneWait, lighthouse_url
+from runtime.control.supervisor.control_plane import (
+    ControlJobWatch,
+    ControlPlaneWait,
+    lighthouse_url,
+)
 from runtime.control.supervisor.coordinator_link import CoordinatorLink, FailedStep
 from runtime.control.supervisor.exits import EXIT_FOR_REQUEUE, EXIT_NO_CONTROL_PLANE
 from runtime.control.supervisor.torchft_mode import ForeignSteps
@@ -121,6 +125,8 @@ class Supervisor:
         """Run the step until it succeeds or a directive says to stop; returns the exit code."""
         previous = signal.signal(signal.SIGTERM, self._forward)
         self.start_forwarder()
+        watch = ControlJobWatch(self.config, self.backend)
+        watch.start()
         try:
             while self.launch < self.config.max_launches:
                 if not self.control.wait():
@@ -161,6 +167,7 @@ class Supervisor:
             return EXIT_FOR_REQUEUE
         finally:
             signal.signal(signal.SIGTERM, previous)
+            watch.stop()
             if self.forwarder is not None:
                 self.forwarder.stop()
 
