@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from slurm.errors import InputError
+from slurm.expedite import ENABLE, SBATCH_OPTION, expedited_requeue
 from slurm.records import SlurmVersion
 from slurm.slurm_config import Partition, SlurmConfig, Topology, read_config, read_topology
 from slurm.slurm_json import TESTED_RELEASES
@@ -72,6 +73,25 @@ def check_version(cfg: SlurmConfig) -> Finding:
         "SLURM_VERSION",
         "warn",
         f"Slurm {cfg.version_text} is not one fthsdp is tested on ({tested})",
+    )
+
+
+def check_expedited_requeue(cfg: SlurmConfig) -> Finding:
+    """Information, never a failure: without it a requeued replica waits its turn in the queue."""
+    granted, why = expedited_requeue(cfg)
+    if granted:
+        return Finding(
+            "expedited requeue", "pass", f"{why}: replica jobs ask for it ({SBATCH_OPTION})"
+        )
+    fix = None
+    if "lacks" in why:
+        fix = _with_item(cfg, "SlurmctldParameters", ENABLE)
+    return Finding(
+        "expedited requeue",
+        "pass",
+        f"{why}: a requeued replica is made eligible at once and waits its turn by priority "
+        "([spares] keeps a node for it)",
+        fix,
     )
 
 
@@ -338,6 +358,7 @@ def diagnose(
     findings = [
         check_version(cfg),
         check_requeue(cfg),
+        check_expedited_requeue(cfg),
         check_prolog_flags(cfg),
         check_nohold(cfg),
         check_scheduler(cfg, spec),

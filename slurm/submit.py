@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -163,9 +163,16 @@ def run_dir_transaction(run: Path, names: Iterable[str]) -> Iterator[None]:
 
 
 def submit_run(
-    spec: JobSpec, backend: SlurmBackend, force: bool = False, check_cluster: bool = True
+    spec: JobSpec,
+    backend: SlurmBackend,
+    force: bool = False,
+    check_cluster: bool = True,
+    replica_args: Sequence[str] = (),
 ) -> RunRecord:
-    """Render, write and submit every job of `spec`; return what was recorded in jobs.json."""
+    """Render, write and submit every job of `spec`; return what was recorded in jobs.json.
+
+    `replica_args` go to every replica's sbatch (`slurm.expedite.SBATCH_OPTION` where the
+    cluster grants an expedited requeue)."""
     run = spec.run_dir
     check_run_dir(run, "job.run_dir")  # nobody else may be able to replace what we submit
     require_topology_support(spec)  # before anything is queued: sbatch < 24.05 lacks --segment
@@ -187,7 +194,7 @@ def submit_run(
     archived = archive_state(run, earlier) if earlier else None
     try:
         with run_dir_transaction(run, names):
-            record = _submit_scripts(spec, scripts, backend)
+            record = _submit_scripts(spec, scripts, backend, replica_args)
             write_run(record)
     except BaseException:
         if archived is not None:
@@ -197,7 +204,10 @@ def submit_run(
 
 
 def _submit_scripts(
-    spec: JobSpec, scripts: list[RenderedScript], backend: SlurmBackend
+    spec: JobSpec,
+    scripts: list[RenderedScript],
+    backend: SlurmBackend,
+    replica_args: Sequence[str] = (),
 ) -> RunRecord:
     """prepare_run_dir, then sbatch control and replicas; cancels what it submitted on failure."""
     run = spec.run_dir
@@ -214,7 +224,7 @@ def _submit_scripts(
         replicas = []
         for s in scripts[1:]:
             job_id = backend.submit(
-                run / s.filename, [f"--dependency=after:{control_id},singleton"]
+                run / s.filename, [f"--dependency=after:{control_id},singleton", *replica_args]
             )
             submitted.append(job_id)
             replicas.append(JobRecord("replica", job_id, s.job_name, s.filename, s.replica))

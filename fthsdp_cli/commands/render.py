@@ -70,6 +70,21 @@ def render(spec: Path, out: Path | None, replica: int | None, overrides: tuple[s
     _render(spec, overrides, out, replica)
 
 
+def _expedite_args() -> list[str]:
+    """`--requeue=expedite` for the replica jobs where the running slurmctld grants it; nothing
+    where it does not, or where its configuration cannot be read now (never guessed)."""
+    from slurm.errors import EnvironmentProblem
+    from slurm.expedite import SBATCH_OPTION, expedited_requeue
+    from slurm.records import SlurmOutputError
+    from slurm.slurm_config import read_config
+
+    try:
+        granted, _ = expedited_requeue(read_config(timeout=10))
+    except (EnvironmentProblem, SlurmOutputError):
+        return []
+    return [SBATCH_OPTION] if granted else []
+
+
 @click.command()
 @_spec_arg
 @click.option("--dry-run", is_flag=True, help="Print the scripts instead (same as 'render').")
@@ -99,7 +114,9 @@ def submit(
         # virtualenv), not whichever `python` comes first on the job's PATH.
         loaded = replace(loaded, control=replace(loaded.control, python=sys.executable))
     check_slurm_conf()
-    record = submit_run(loaded, make_backend(notice=stderr_notice), force=force)
+    record = submit_run(
+        loaded, make_backend(notice=stderr_notice), force=force, replica_args=_expedite_args()
+    )
     if as_json:
         click.echo(record.to_json(), nl=False)
         return

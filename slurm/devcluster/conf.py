@@ -10,14 +10,18 @@ import socket
 
 from slurm import hostlist
 from slurm.devcluster.config import DevClusterConfig
+from slurm.expedite import ENABLE, EXPEDITE_SINCE
 
 
 def _hl(names: list[str]) -> str:
     return hostlist.compress(names)
 
 
-def slurm_conf(cfg: DevClusterConfig) -> str:
-    """slurm.conf for the dev cluster; settings chosen so failures and requeues are fast."""
+def slurm_conf(cfg: DevClusterConfig, release: tuple[int, int] | None = None) -> str:
+    """slurm.conf for the dev cluster; settings chosen so failures and requeues are fast.
+
+    `release`, the installed Slurm's (major, minor), turns on what only newer releases know:
+    the expedited requeue (25.11+, `slurm.expedite`)."""
     d = cfg.directory
     host = socket.gethostname().split(".")[0]
     sched = ["bf_interval=1", "bf_continue"]
@@ -61,6 +65,11 @@ def slurm_conf(cfg: DevClusterConfig) -> str:
         "MinJobAge=600",
         "SchedulerType=sched/backfill",
         f"SchedulerParameters={','.join(sched)}",
+        *(
+            [f"SlurmctldParameters={ENABLE}"]
+            if release and release >= (EXPEDITE_SINCE.major, EXPEDITE_SINCE.minor)
+            else []
+        ),
         f"PrologEpilogTimeout={cfg.prolog_epilog_timeout}",
     ]
     if cfg.prolog:

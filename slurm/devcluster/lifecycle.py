@@ -109,8 +109,12 @@ def write_files(cfg: DevClusterConfig, fresh_hardware: bool = False) -> None:
     os.chmod(ctld_log, 0o644)
     for i in range(cfg.gpus_per_node):
         (d / "dev" / f"nvidia{i}").touch()
+    try:
+        release: tuple[int, int] | None = slurm_release()
+    except EnvironmentProblem:
+        release = None  # no slurmd here: the files are written for reading only
     for name, text in (
-        ("slurm.conf", slurm_conf(cfg)),
+        ("slurm.conf", slurm_conf(cfg, release)),
         ("gres.conf", gres_conf(cfg)),
         ("topology.conf", topology_conf(cfg)),
     ):
