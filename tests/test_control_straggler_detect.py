@@ -422,3 +422,52 @@ def test_no_evidence_while_another_replica_recovers(
         if first is None and stragglers(state):
             first = s
     assert first == flagged
+
+
+def _reference_median(
+    state: DetectorState, replica: int, now: float, config: StragglerConfig
+) -> float | None:
+    """The peers' median by a pass over every track: what the indexed median must equal."""
+    import statistics
+
+    peers = [
+        t.latest.compute_s
+        for r, t in state.tracks.items()
+        if r != replica
+        and t.latest.usable
+        and t.latest.step > t.ignore_until_step
+        and 0 <= now - t.latest.received_at <= config.max_age_s
+        and t.latest.compute_s is not None
+    ]
+    return statistics.median(peers) if peers and len(peers) >= config.min_peers else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_indexed_peer_median_is_the_full_pass(seed: int) -> None:
+    """Random reports (missing compute times, healing, new incarnations, duplicates, equal
+    times, stale peers, a clock that jumps back): the index gives the full pass's median."""
+    from runtime.control.straggler.detect import _peer_median
+
+    rng = random.Random(seed)
+    config = StragglerConfig(max_age_s=rng.choice([5.0, 50.0, 120.0]), min_peers=rng.randint(1, 3))
+    state = DetectorState()
+    steps: dict[int, int] = {}
+    now = 100.0
+    for _ in range(400):
+        r = rng.randrange(8)
+        now += rng.choice([0.0, 0.01, 0.5, 3.0, 40.0]) if rng.random() > 0.01 else -30.0
+        steps[r] = steps.get(r, 0) + rng.choice([1, 1, 1, 0, -1])
+        sample = TimingSample(
+            replica=r,
+            step=steps[r],
+            received_at=now,
+            compute_s=rng.choice([None, 0.1, 0.2, 0.2, rng.uniform(0.05, 2.0)]),
+            incarnation=f"i{r}.{rng.random() < 0.03}",
+            healing=rng.random() < 0.05,
+        )
+        for k in range(8):
+            probe = now + rng.choice([0.0, 1.0, 60.0])
+            assert _peer_median(state, k, probe, config) == _reference_median(
+                state, k, probe, config
+            ), (seed, k)
+        state = observe(state, sample, config, evidence=rng.random() > 0.1)

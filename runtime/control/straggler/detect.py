@@ -36,6 +36,7 @@ replica's nodes (Slurm's default block distribution), `tasks_per_node` ranks on 
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -171,6 +172,12 @@ class DetectorState:
     tracks: Mapping[int, ReplicaTrack] = field(default_factory=dict)
     #: The latest monotonic time seen; a smaller `received_at` later means the clock jumped back.
     clock: float = float("-inf")
+    #: The replicas whose latest sample can be a peer's reference (`_candidate`): replica ->
+    #: (compute_s, received_at), with both values also kept sorted, so that the peers' median
+    #: is found without a pass over every replica on every report (`_peer_median`).
+    peers: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    computes: tuple[float, ...] = ()
+    times: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,19 +232,80 @@ def slowest_rank_node(
     return rank, nodes[index] if index < len(nodes) else None
 
 
+def _candidate(t: ReplicaTrack) -> tuple[float, float] | None:
+    """(compute_s, received_at) when the track's latest sample may serve as a peer's reference
+    (usable and past its warm-up; its age is judged when asked), else None."""
+    s = t.latest
+    if s.usable and s.step > t.ignore_until_step and s.compute_s is not None:
+        return s.compute_s, s.received_at
+    return None
+
+
+def _indexed(
+    state: DetectorState, tracks: Mapping[int, ReplicaTrack], clock: float, replica: int
+) -> DetectorState:
+    """The new state: `tracks` (where only `replica` changed its sample or warm-up) with the
+    peer index of `state` brought up to date for `replica`."""
+    track = tracks.get(replica)
+    new = _candidate(track) if track is not None else None
+    old = state.peers.get(replica)
+    if new == old:
+        return DetectorState(tracks, clock, state.peers, state.computes, state.times)
+    peers = dict(state.peers)
+    computes, times = list(state.computes), list(state.times)
+    if old is not None:
+        del peers[replica]
+        del computes[bisect.bisect_left(computes, old[0])]
+        del times[bisect.bisect_left(times, old[1])]
+    if new is not None:
+        peers[replica] = new
+        bisect.insort(computes, new[0])
+        bisect.insort(times, new[1])
+    return DetectorState(tracks, clock, peers, tuple(computes), tuple(times))
+
+
+def _without(values: tuple[float, ...], value: float | None) -> tuple[float, float]:
+    """(smallest, largest) of `values` with one `value` left out (None: none left out)."""
+    lo, hi = 0, len(values) - 1
+    if value is not None and values[lo] == value:
+        lo += 1
+    elif value is not None and values[hi] == value:
+        hi -= 1
+    return values[lo], values[hi]
+
+
 def _peer_median(
-    tracks: Mapping[int, ReplicaTrack], replica: int, now: float, config: StragglerConfig
+    state: DetectorState, replica: int, now: float, config: StragglerConfig
 ) -> float | None:
+    """The median of the other replicas' latest compute times that are no older than
+    `max_age_s`; None with fewer than `min_peers` of them. From the sorted index when every
+    other candidate is fresh (the usual case), else by a pass over the tracks."""
+    own = state.peers.get(replica)
+    n = len(state.computes) - (own is not None)
+    if n <= 0:
+        return None
+    oldest, _ = _without(state.times, own[1] if own else None)
+    _, newest = _without(state.times, own[1] if own else None)
+    if now < newest or now - oldest > config.max_age_s:
+        return _scan(state, replica, now, config)
+    if n < config.min_peers:
+        return None
+    skip = bisect.bisect_left(state.computes, own[0]) if own else n + 1
+
+    def at(k: int) -> float:
+        return state.computes[k if k < skip else k + 1]
+
+    mid = n // 2
+    return at(mid) if n % 2 else (at(mid - 1) + at(mid)) / 2
+
+
+def _scan(state: DetectorState, replica: int, now: float, config: StragglerConfig) -> float | None:
     peers = [
-        t.latest.compute_s
-        for r, t in tracks.items()
-        if r != replica
-        and t.latest.usable
-        and t.latest.step > t.ignore_until_step
-        and 0 <= now - t.latest.received_at <= config.max_age_s
-        and t.latest.compute_s is not None
+        c
+        for r, (c, received) in state.peers.items()
+        if r != replica and 0 <= now - received <= config.max_age_s
     ]
-    if len(peers) < config.min_peers:
+    if len(peers) < config.min_peers or not peers:
         return None
     return statistics.median(peers)
 
@@ -360,7 +428,7 @@ def observe(
     same = old is not None and old.latest.incarnation == sample.incarnation
     if same and old is not None and sample.step <= old.latest.step:
         # A duplicate or a late (reordered) report: nothing new, and never a trigger.
-        return DetectorState(tracks, clock)
+        return _indexed(state, tracks, clock, sample.replica)
     if old is None or old.latest.incarnation != sample.incarnation:
         track = ReplicaTrack(
             latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
@@ -368,22 +436,22 @@ def observe(
         if old is None and not sample.healing:
             track = replace(track, ignore_until_step=-1)
         tracks[sample.replica] = track
-        return DetectorState(tracks, clock)
+        return _indexed(state, tracks, clock, sample.replica)
     if sample.healing:
         tracks[sample.replica] = replace(
             old, latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
         )
-        return DetectorState(tracks, clock)
+        return _indexed(state, tracks, clock, sample.replica)
     if not evidence or not sample.usable or sample.step <= old.ignore_until_step:
         # No evidence either way; keep the episode (the gap rule ends it if data stays away).
         track = replace(old, latest=sample)
         if not evidence and sample.usable and sample.step > old.ignore_until_step:
-            median = _peer_median(tracks, sample.replica, sample.received_at, config)
+            median = _peer_median(state, sample.replica, sample.received_at, config)
             track = _learn_pace(track, old, sample, median, config)
         tracks[sample.replica] = track
-        return DetectorState(tracks, clock)
+        return _indexed(state, tracks, clock, sample.replica)
     assert sample.compute_s is not None
-    median = _peer_median(tracks, sample.replica, sample.received_at, config)
+    median = _peer_median(state, sample.replica, sample.received_at, config)
     own = _own_pace(old, config)
     seen = old.seen + (median is not None and median > 0)
     if median is None or median <= 0 or (own is None and seen <= config.min_own_samples):
@@ -400,7 +468,7 @@ def observe(
     if track.episode is None:
         track = _learn_normal(track, old, sample.compute_s, median, config)
     tracks[sample.replica] = track
-    return DetectorState(tracks, clock)
+    return _indexed(state, tracks, clock, sample.replica)
 
 
 def verdicts(state: DetectorState) -> list[StragglerVerdict]:
