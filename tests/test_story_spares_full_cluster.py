@@ -46,6 +46,7 @@ def spec_text(work: Path, name: str, spares: int) -> tuple[Path, Path]:
         name=name,
         run_dir=run_dir,
         python=os.environ.get("FTHSDP_TEST_PYTHON", _python()),
+        root=ROOT,
         steps=STEPS,
         straggler_mode="report",
     )
