@@ -7,11 +7,6 @@ the shared-CPU noise around its replacement's start and catch-up does not evict 
 as a straggler (eviction holds off while a replica recovers, and a straggler must be slow against
 its own pace too). Once every replica completed, the control job ends by itself (COMPLETED).
 
-The run is the job user's (`fthsdp-user`): `examples/demo.toml` as shipped, submitted from the
-checkout through the site install (only its run folder and name moved into the user's folder);
-root only starts the cluster, runs the hooks (which drain the Xid node themselves) and injects
-the fault.
-
 The pure part of the demo's early stop (a control job that failed is one line naming its log)
 is checked without Slurm.
 """
@@ -19,20 +14,22 @@ is checked without Slurm.
 from __future__ import annotations
 
 import importlib.util
-import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from control_harness import ROOT, clean_up, health_gated, requeues_in_journal, wait_until
+from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
 from cpu_load import cpu_burners
-from user_harness import SiteUser
 
 from prolog_epilog import dev_health
 from runtime.control.inject import inject
+from runtime.control.journal.store import Journal
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
+from slurm.rundir import read_run
 
 
 def _demo() -> Any:
@@ -57,39 +54,36 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
     assert demo.last_line(log_file) == "fthsdp: torchft_lighthouse did not listen on http://h:1"
 
 
-#: Read as the run's user (root opening the journal would leave it files the user cannot write).
-_EVICTIONS = """
-import sys
-from pathlib import Path
-print(Journal.in_run_dir(Path(sys.argv[1])).count_events("StragglerEviction"))
-"""
-
-
-def _evictions(run_dir: Path, user: SiteUser) -> int:
-    r = user.run([str(user.python), "-c", _EVICTIONS, str(run_dir)])
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout.strip())
+def _evictions(run_dir: Path) -> int:
+    journal = Journal.in_run_dir(run_dir)
+    try:
+        return journal.count_events("StragglerEviction")
+    finally:
+        journal.close()
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(1200)
 def test_demo_fault_story_on_a_loaded_machine(
-    slurm_cluster: DevClusterConfig, site_user: SiteUser
+    slurm_cluster: DevClusterConfig, tmp_path: Path
 ) -> None:
     with health_gated(slurm_cluster) as gated, cpu_burners(2):
-        _story(gated, site_user)
+        _story(gated, tmp_path)
 
 
-def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
-    env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
-    run_dir = env.home / "run"
+def _story(gated: DevClusterConfig, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        TINY_STEP_SLEEP_S="0.1",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    )
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     victim: str | None = None
     sets = ["--set", f"job.run_dir={run_dir}", "--set", "job.name=demo-loaded"]
     try:
-        # From the checkout, as the README has it: the demo's command names examples/ by path.
-        r = env.fthsdp("submit", str(ROOT / "examples" / "demo.toml"), *sets, cwd=ROOT)
-        assert r.returncode == 0, r.stdout + r.stderr
+        fthsdp(env, "submit", str(ROOT / "examples" / "demo.toml"), *sets)
         before = wait_until(
             env,
             run_dir,
@@ -109,15 +103,15 @@ def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
             "the run to finish",
             trace,
         )
-        assert requeues_in_journal(run_dir, env) == [(jobs[1], "done")]
-        assert _evictions(run_dir, env) == 0
+        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
+        assert _evictions(run_dir) == 0
         assert final[0]["restarts"] == final[2]["restarts"] == 0
         assert final[1]["restarts"] == 1
         # The control job ends by itself once every replica completed (30 s grace).
         backend = CommandBackend()
-        # Read as the test's root, which the run's own readers refuse (not this user's file).
-        record = json.loads((run_dir / "jobs.json").read_text())
-        control = str(record["control"]["job_id"])
+        record = read_run(run_dir)
+        assert record.control is not None
+        control = record.control.job_id
         deadline = time.monotonic() + 180
         state = ""
         while time.monotonic() < deadline:
