@@ -81,7 +81,10 @@ def check_expedited_requeue(cfg: SlurmConfig) -> Finding:
     granted, why = expedited_requeue(cfg)
     if granted:
         return Finding(
-            "expedited requeue", "pass", f"{why}: replica jobs ask for it ({SBATCH_OPTION})"
+            "expedited requeue",
+            "pass",
+            f"{why}: `fthsdp submit --expedite` asks for it ({SBATCH_OPTION}) where the run "
+            "may drain",
         )
     fix = None
     if "lacks" in why:

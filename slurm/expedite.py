@@ -4,8 +4,12 @@ From 25.11 a batch job may ask for it (`sbatch --requeue=expedite`; the 26.05 ma
 so, where 25.11.0's said `expedited`), and slurmctld grants it only when the site allows it
 (`SlurmctldParameters=enable_expedited_requeue`). For fthsdp it is the cure of the per-replica
 path's long pole on a full cluster: a requeued replica otherwise waits behind every job queued
-meanwhile. `fthsdp submit` asks for it on every replica job where the running slurmctld has it
-(read from `scontrol show config`, never guessed), and `fthsdp doctor` says whether it does.
+meanwhile. `fthsdp submit --expedite` asks for it on every replica job where the running
+slurmctld has it (read from `scontrol show config`, never guessed), and `fthsdp doctor` says
+whether it does. It is not the default: an expedited job is eligible, and may be started, before
+the coordinator can add the suspect node to its `ExcNodeList` (which Slurm accepts only while the
+job is pending), so a run without drain rights can come back on the very node that failed (seen
+on 26.05 with the straggler story as a job user).
 Elsewhere a requeued replica is released at once (`StartTime`) and waits its turn by priority;
 `[spares]` keeps a node for it instead.
 """

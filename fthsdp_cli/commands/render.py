@@ -72,16 +72,19 @@ def render(spec: Path, out: Path | None, replica: int | None, overrides: tuple[s
 
 def _expedite_args() -> list[str]:
     """`--requeue=expedite` for the replica jobs where the running slurmctld grants it; nothing
-    where it does not, or where its configuration cannot be read now (never guessed)."""
+    (and one line saying why) where it does not, or where its configuration cannot be read now
+    (never guessed)."""
     from slurm.errors import EnvironmentProblem
     from slurm.expedite import SBATCH_OPTION, expedited_requeue
     from slurm.records import SlurmOutputError
     from slurm.slurm_config import read_config
 
     try:
-        granted, _ = expedited_requeue(read_config(timeout=10))
-    except (EnvironmentProblem, SlurmOutputError):
-        return []
+        granted, why = expedited_requeue(read_config(timeout=10))
+    except (EnvironmentProblem, SlurmOutputError) as exc:
+        granted, why = False, str(exc)
+    if not granted:
+        stderr_notice(f"fthsdp: no expedited requeue: {why}")
     return [SBATCH_OPTION] if granted else []
 
 
@@ -94,10 +97,22 @@ def _expedite_args() -> list[str]:
     help="Move a finished run's state in run_dir to run_dir/archive/<time>/ and submit anew "
     "(a run whose jobs still run is always refused: fthsdp cancel it first).",
 )
+@click.option(
+    "--expedite",
+    is_flag=True,
+    help="Ask Slurm for an expedited requeue of the replica jobs (25.11+, where the site enabled "
+    "it). Off by default: an expedited job restarts before its ExcNodeList can be set, so a run "
+    "that cannot drain may come back on the suspect node.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
 @_set_option
 def submit(
-    spec: Path, dry_run: bool, force: bool, as_json: bool, overrides: tuple[str, ...]
+    spec: Path,
+    dry_run: bool,
+    force: bool,
+    expedite: bool,
+    as_json: bool,
+    overrides: tuple[str, ...],
 ) -> None:
     """Render a spec into its run_dir and submit the control job, then one job per replica."""
     if dry_run:
@@ -115,7 +130,10 @@ def submit(
         loaded = replace(loaded, control=replace(loaded.control, python=sys.executable))
     check_slurm_conf()
     record = submit_run(
-        loaded, make_backend(notice=stderr_notice), force=force, replica_args=_expedite_args()
+        loaded,
+        make_backend(notice=stderr_notice),
+        force=force,
+        replica_args=_expedite_args() if expedite else [],
     )
     if as_json:
         click.echo(record.to_json(), nl=False)
