@@ -56,8 +56,10 @@ def run(
     seed: int = 0,
     config: StragglerConfig | None = None,
     clock: Callable[[int, float], float] | None = None,
+    report_every: int = 1,
 ) -> dict[int, int]:
-    """Feed a synthetic run; return {replica: first step it was a straggler}."""
+    """Feed a synthetic run (each replica reporting every `report_every` steps); return
+    {replica: first step it was a straggler}."""
     rng = random.Random(seed)
     config = config or StragglerConfig()
     state = DetectorState()
@@ -69,7 +71,7 @@ def run(
             f = slow(r, step)
             computes[r] = None if f is None else base_s * f * (1 + rng.uniform(-noise, noise))
         t += max((c or base_s) for c in computes.values()) + 0.01
-        for r in range(replicas):
+        for r in range(replicas if step % report_every == 0 else 0):
             received = clock(step, t) if clock else t
             sample = TimingSample(
                 replica=r,
@@ -171,6 +173,30 @@ DETECTION_TABLE: list[tuple[str, dict[str, object], dict[int, tuple[int, int]]]]
         "slow from the first step, two replicas",
         {"replicas": 2, "steps": 300, "slow": slow_from(0, 0, 3.0)},
         {0: (50, 54)},
+    ),
+    (
+        # A replica that trails from its start for three reports (one per 10 steps) spanning the
+        # window: with no pace of its own, its peers alone need more reports than that.
+        "trails its peers for three sparse reports from its start",
+        {
+            "replicas": 3,
+            "steps": 200,
+            "slow": slow_from(2, 0, 2.5, end=60),
+            "report_every": 10,
+            "config": StragglerConfig(window_steps=20),
+        },
+        {},
+    ),
+    (
+        "slow from the first step, sparse reports",
+        {
+            "replicas": 3,
+            "steps": 200,
+            "slow": slow_from(2, 0, 2.5),
+            "report_every": 10,
+            "config": StragglerConfig(window_steps=20),
+        },
+        {2: (80, 80)},
     ),
     (
         # A slower part that stands 1.3x behind from the start learns that as its pace.

@@ -155,7 +155,12 @@ def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, site_user: Site
         assert step_s < float("inf"), trace[mark:]
         jobs = {k: r["job_id"] for k, r in base.items()}
         victim = base[1]["nodes"][0]
-        assert all(base[k]["restarts"] == 0 for k in base), base
+        if not all(base[k]["restarts"] == 0 for k in base):
+            raise AssertionError(
+                f"a replica restarted before the fault: {base}\n"
+                f"journal: {journal_summary(run_dir, env)}\n"
+                f"coordinator: {coordinator_timings(run_dir, env)}"
+            )
         out = fthsdp(
             root_env,
             "cluster",

@@ -10,7 +10,8 @@ slower than both: a replica that got no slower while its peers sped up
 (or whose peers share one busy CPU, as on the dev cluster) is not a straggler. A replica that
 has not learned a pace of its own after `min_own_samples` samples was `clear_factor` slower than
 its peers from its first steps (a node degraded from the moment it was allocated): its peers
-alone are then the reference, so it is caught within the window of its first steps. A replica
+alone are then the reference, so it is caught within the window of its first steps (and, with
+its peers as the only reference, at least `min_window_samples` reports). A replica
 becomes a *suspect* when it is `factor` times slower, and a *straggler* once that has held for a
 sustained window (`window_steps` steps or `window_s` seconds, whichever comes first) with at
 least `min_fraction_above` of the episode's samples at or above `factor`. Hysteresis in level
@@ -58,7 +59,8 @@ class StragglerConfig:
     clear_factor: float = 1.25
     window_steps: int = 50
     window_s: float = 300.0
-    #: The time-based window also needs this many samples (a few slow reports are not a trend).
+    #: The time-based window also needs this many samples (a few slow reports are not a trend),
+    #: and so does the window of steps of a replica judged by its peers alone.
     min_window_samples: int = 5
     #: Share of an episode's samples that must be at or above `factor` for it to count: robust
     #: both to one huge outlier and to a ratio that flaps around the threshold.
@@ -362,17 +364,24 @@ def _learn_normal(
     return replace(track, own=(*old.own, compute_s)[-config.own_window :])
 
 
-def _sustained(ep: Episode, config: StragglerConfig) -> bool:
+def _sustained(ep: Episode, config: StragglerConfig, peers_only: bool = False) -> bool:
+    """Whether the episode is a straggler. Judged by its peers alone (no pace of its own yet),
+    a replica also needs `min_window_samples` reports for the window of steps: a replica that
+    starts last on a busy machine can trail its peers for the few reports of a short window."""
     if ep.fraction_above(config.factor) < config.min_fraction_above:
         return False
     # A window of N steps is N slow steps, the first and the last included.
     if ep.last_step - ep.start_step + 1 >= config.window_steps:
-        return True
+        return not peers_only or len(ep.ratios) >= config.min_window_samples
     return ep.last_t - ep.start_t >= config.window_s and len(ep.ratios) >= config.min_window_samples
 
 
 def _advance(
-    track: ReplicaTrack, sample: TimingSample, ratio: float, config: StragglerConfig
+    track: ReplicaTrack,
+    sample: TimingSample,
+    ratio: float,
+    config: StragglerConfig,
+    peers_only: bool = False,
 ) -> ReplicaTrack:
     """Move one replica's episode and flag by one usable sample with a known ratio."""
     ep = track.episode
@@ -399,7 +408,7 @@ def _advance(
         )
     if ep is None:
         flagged = False
-    elif not flagged and _sustained(ep, config):
+    elif not flagged and _sustained(ep, config, peers_only):
         flagged = True
     return replace(track, latest=sample, episode=ep, flagged=flagged, last_ratio=ratio)
 
@@ -463,7 +472,8 @@ def observe(
         ratio = sample.compute_s / median
         if own is not None and own > 0:
             ratio = min(ratio, sample.compute_s / own)
-        track = replace(_advance(old, sample, ratio, config), peer_median_s=median, own_pace_s=own)
+        advanced = _advance(old, sample, ratio, config, peers_only=own is None)
+        track = replace(advanced, peer_median_s=median, own_pace_s=own)
     track = replace(track, seen=seen)
     if track.episode is None:
         track = _learn_normal(track, old, sample.compute_s, median, config)
