@@ -63,6 +63,7 @@ def _evictions(run_dir: Path) -> int:
 
 
 @pytest.mark.slurm
+@pytest.mark.one_release
 @pytest.mark.timeout(1200)
 def test_demo_fault_story_on_a_loaded_machine(
     slurm_cluster: DevClusterConfig, tmp_path: Path

@@ -136,6 +136,7 @@ def scratch(tmp_path: Path, site_dir: Path) -> Iterator[tuple[Shell, Path]]:
 
 
 @pytest.mark.slurm
+@pytest.mark.one_release
 @pytest.mark.timeout(1500)
 def test_readme_using_it_runs_in_order(scratch: tuple[Shell, Path]) -> None:
     from tests.conftest import _require_slurm
