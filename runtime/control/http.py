@@ -5,7 +5,9 @@ turns requests into its events and its state into answers (aiohttp; no hand-writ
 
 - `POST /v1/reports`: a `ReplicaReport` signed with that replica's key (derived from
   `run_dir/secret`, see `runtime.control.auth`). It must name the replica's current job; the
-  nodes it names are checked against Slurm's record of that job's allocation and replaced by it.
+  nodes it names are checked against Slurm's record of that job's allocation and replaced by it
+  (while Slurm cannot be reached, a fatal report is checked against the allocation Slurm gave
+  at its last answer, and what it decides waits for Slurm in the journal).
   Unsigned, forged, stale, replayed, malformed, oversized, foreign and unknown-replica reports
   get a 4xx, change nothing and are only counted in memory (`runtime.control.guard`).
 - `POST /v1/requeue`: a `RequeueRequest` signed with the control key (`fthsdp requeue`).
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import socket
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +44,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from runtime.control.coordinator import Coordinator
+from runtime.control.executor import unreachable
 from runtime.control.guard import (
     ConnectionGuard,
     GuardedSite,
@@ -71,6 +75,8 @@ from runtime.protocol import (
 )
 from slurm.backend import SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem
+
+log = logging.getLogger("fthsdp.coordinator")
 
 
 def own_address() -> str:
@@ -196,7 +202,20 @@ async def _checked_nodes(coord: Coordinator, report: ReplicaReport) -> ReplicaRe
     try:
         nodes = await coord.allocation(job_id)
     except SlurmCommandError as exc:
-        raise _Refused(503, f"cannot read job {job_id} from Slurm: {exc}") from None
+        known = coord.allocations.get(job_id)
+        if not unreachable(exc) or not known:
+            raise _Refused(503, f"cannot read job {job_id} from Slurm: {exc}") from None
+        # Slurm is away (stopped, restarting): the allocation it gave at its last answer is
+        # what was positively read. The report is taken with its own cause, and the drain and
+        # the requeue it decides wait in the journal until Slurm answers (the executor retries).
+        log.warning(
+            "Slurm unreachable: replica %d's fatal report checked against job %s's last known "
+            "allocation %s",
+            report.replica,
+            job_id,
+            ",".join(known[:8]),
+        )
+        nodes = known
     if nodes is None:
         raise _Refused(409, f"job {job_id} is not in Slurm's queue")
     foreign = sorted(set(report.nodes) - set(nodes))
