@@ -81,7 +81,8 @@ SLOT = BUSY.nodes // BUSY.replicas  # 1024 nodes: a slot is a whole replica
 
 
 def test_spares_buy_ettr_on_a_busy_cluster_and_cost_nodes() -> None:
-    rows = {r["spare_nodes"]: r for r in spares_sweep(BUSY, [0, SLOT - 1, SLOT, 4 * SLOT])}
+    sweep = spares_sweep(BUSY, [0, SLOT - 1, SLOT, 4 * SLOT], kinds=("cold",))
+    rows = {r["spare_nodes"]: r for r in sweep}
     # Fewer nodes than one replica make no slot: the same run as none (same random stream).
     assert rows[SLOT - 1]["spare_slots"] == 0 and rows[SLOT - 1]["ettr"] == rows[0]["ettr"]
     assert rows[0]["spare_moves_per_day"] == 0
@@ -97,6 +98,26 @@ def test_spares_buy_ettr_on_a_busy_cluster_and_cost_nodes() -> None:
     assert held < rows[0]["ettr_per_node_held"]
 
 
+def test_warm_slots_skip_the_start_of_the_replicas_processes() -> None:
+    rows = spares_sweep(BUSY, [0, 4 * SLOT])
+    assert [(r["spare_nodes"], r["spare_kind"]) for r in rows] == [
+        (0, "-"),
+        (4 * SLOT, "cold"),
+        (4 * SLOT, "warm"),
+    ]
+    none, cold, warm = rows
+    # The same stream: about the same failures find a slot (not exactly: a replica back sooner
+    # changes what later failures meet), and the warm one is back sooner.
+    assert warm["spare_moves_per_day"] == pytest.approx(cold["spare_moves_per_day"], rel=0.05)
+    assert warm["recovery_s_mean"] < cold["recovery_s_mean"] < none["recovery_s_mean"]
+    assert warm["ettr"] > cold["ettr"] > none["ettr"]
+    # What a warm move saves is the replica's NCCL start, nothing else.
+    saved = BUSY.nccl_init_s(BUSY.replica_gpus)
+    moved = cold["spare_moves_per_day"] / (cold["failures_per_day"] or 1)
+    gain = cold["recovery_s_mean"] - warm["recovery_s_mean"]
+    assert gain == pytest.approx(saved * moved, rel=0.25), (gain, saved, moved)
+
+
 def test_an_idle_cluster_is_unchanged_by_the_queue_model() -> None:
     idle = PRESETS["paper-100k"].with_changes(runs=10, days=5.0)
     assert idle.queue_wait_s == 0 and idle.spare_nodes == 0
@@ -106,7 +127,8 @@ def test_an_idle_cluster_is_unchanged_by_the_queue_model() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("spare_nodes", -1), ("spare_nodes", 1.5), ("queue_wait_s", -1.0)]
+    ("field", "value"),
+    [("spare_nodes", -1), ("spare_nodes", 1.5), ("queue_wait_s", -1.0), ("spare_kind", "hot")],
 )
 def test_bad_spare_params(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
@@ -121,8 +143,12 @@ def test_cli_sweep_spares_json() -> None:
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     rows = json.loads(out.stdout)
-    assert [r["spare_nodes"] for r in rows] == [0, SLOT]
-    assert [r["spare_slots"] for r in rows] == [0, 1]
+    assert [(r["spare_nodes"], r["spare_kind"]) for r in rows] == [
+        (0, "-"),
+        (SLOT, "cold"),
+        (SLOT, "warm"),
+    ]
+    assert [r["spare_slots"] for r in rows] == [0, 1, 1]
 
 
 def test_cli_bad_sweep_names_the_option() -> None:

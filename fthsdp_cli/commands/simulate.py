@@ -33,13 +33,15 @@ def _parse_counts(text: str | None, option: str = "--sweep-replicas") -> list[in
 
 def spares_table(rows: list[dict[str, Any]]) -> Table:
     """ETTR vs spare nodes: what each K buys, and what it costs in nodes held."""
-    table = Table(title="FT-HSDP with hot spares (ETTR vs spare nodes)")
-    for col in ("spare nodes", "slots", "ETTR", "per node held", "recovery s", "moves/day"):
+    table = Table(title="FT-HSDP with hot spares (ETTR vs spare nodes, cold and warm slots)")
+    cols = ("spare nodes", "kind", "slots", "ETTR", "per node held", "recovery s", "moves/day")
+    for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
         rec = r["recovery_s_mean"]
         table.add_row(
             str(r["spare_nodes"]),
+            str(r["spare_kind"]),
             str(r["spare_slots"]),
             f"{r['ettr']:.1%}",
             f"{r['ettr_per_node_held']:.1%}",
@@ -204,7 +206,17 @@ def _option_names(ctx: click.Context) -> dict[str, str]:
 @click.option(
     "--spare-nodes", type=int, default=None, help="Nodes held as hot spares ([spares] nodes)."
 )
-@click.option("--sweep-spares", default=None, help="Comma-separated spare node counts: ETTR vs K.")
+@click.option(
+    "--spare-kind",
+    type=click.Choice(["cold", "warm"]),
+    default=None,
+    help="Cold slots hold nodes; warm ones run the replica's processes, ready to take over.",
+)
+@click.option(
+    "--sweep-spares",
+    default=None,
+    help="Comma-separated spare node counts: ETTR vs K, cold and warm slots.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--plot",
@@ -232,6 +244,7 @@ def simulate(
     sweep_replicas: str | None,
     queue_wait_s: float | None,
     spare_nodes: int | None,
+    spare_kind: str | None,
     sweep_spares: str | None,
     as_json: bool,
     plot: Path | None,
@@ -268,11 +281,13 @@ def simulate(
             seed=seed,
             queue_wait_s=queue_wait_s,
             spare_nodes=spare_nodes,
+            spare_kind=spare_kind,
         )
         if spares is not None:
             from runtime.sim import spares_sweep
 
-            rows = spares_sweep(params, spares)
+            kinds = (spare_kind,) if spare_kind else ("cold", "warm")
+            rows = spares_sweep(params, spares, kinds)
             if as_json:
                 click.echo(json.dumps(rows, indent=2))
             else:

@@ -135,6 +135,8 @@ class _Lockstep:
         self.alloc = p.alloc_partial_s
         self.qwait = p.queue_wait_s
         self.move = p.spare_move_s
+        # A replica moved into a warm slot skips its processes' start: only the catch-up is left.
+        self.rest_warm = p.catchup_s if p.spare_kind == "warm" else self.rest
         self.slot_free_at = np.zeros((k, shaped.spare_slots if r > 1 else 0))
         self.spare_moves = np.zeros(k, dtype=np.int64)
 
@@ -207,8 +209,9 @@ class _Lockstep:
 
         # A healthy peer remains: only this replica restarts; the peers wait for the quorum.
         pr, prep, pt = rows[peers], replica[peers], t[peers]
-        alloc = self._replacement(pr, pt)
-        self.down_until[pr, prep] = pt + self.detect + alloc + self.rest
+        alloc, moved = self._replacement(pr, pt)
+        rest = np.where(moved, self.rest_warm, self.rest)
+        self.down_until[pr, prep] = pt + self.detect + alloc + rest
         self.vuln_from[pr, prep] = pt + self.detect + alloc
         stalled = was_up[peers]
         self.stall_until[pr[stalled]] = np.maximum(
@@ -229,13 +232,16 @@ class _Lockstep:
     def _wait(self, n: int) -> FloatArray:
         return self.rng.exponential(self.qwait, n) if self.qwait > 0 else np.zeros(n)
 
-    def _replacement(self, rows: npt.NDArray[np.int64], t: FloatArray) -> FloatArray:
-        """Seconds from detection to nodes for a failed replica of each run in `rows` (at `t`):
-        a free spare slot (`spare_move_s`), else the queue (`alloc_partial_s` + a wait), or a
-        slot that comes back before the queue answers. A used slot is refilled via the queue."""
+    def _replacement(
+        self, rows: npt.NDArray[np.int64], t: FloatArray
+    ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+        """Seconds from detection to nodes for a failed replica of each run in `rows` (at `t`),
+        and whether it moved into a slot: a free spare slot (`spare_move_s`), else the queue
+        (`alloc_partial_s` + a wait), or a slot that comes back before the queue answers. A used
+        slot is refilled via the queue."""
         queued = self.alloc + self._wait(rows.size)
         if self.slot_free_at.shape[1] == 0 or rows.size == 0:
-            return queued
+            return queued, np.zeros(rows.size, dtype=bool)
         free_at = self.slot_free_at[rows]
         j = free_at.argmin(axis=1)
         ready = np.maximum(free_at[np.arange(rows.size), j] - t, 0.0)
@@ -245,7 +251,7 @@ class _Lockstep:
             t[use] + ready[use] + self.alloc + self._wait(int(use.sum()))
         )
         self.spare_moves[rows[use]] += 1
-        return alloc
+        return alloc, use
 
     def _fail(self, rows: npt.NDArray[np.bool_]) -> None:
         idx = np.flatnonzero(rows)
@@ -342,15 +348,20 @@ def compare(p: SimParams, replica_counts: list[int] | None = None) -> list[Compa
     return [Comparison(sync=sync, fthsdp=simulate_mode(p, r, stream=r)) for r in counts]
 
 
-def spares_sweep(p: SimParams, spare_nodes: list[int]) -> list[dict[str, Any]]:
-    """FT-HSDP with `p.replicas` replicas for each spare node count: ETTR vs K.
+def spares_sweep(
+    p: SimParams, spare_nodes: list[int], kinds: tuple[str, ...] = ("cold", "warm")
+) -> list[dict[str, Any]]:
+    """FT-HSDP with `p.replicas` replicas for each spare node count and slot kind: ETTR vs K,
+    cold against warm slots (no spares is one row, whatever the kind).
 
-    Every count replays the same random stream (common random numbers), so the differences
-    between counts are the spares' doing, not the draw's."""
+    Every row replays the same random stream (common random numbers), so the differences
+    between rows are the spares' doing, not the draw's."""
     p.validated()
     out = []
     for k in spare_nodes:
-        q = p.with_changes(spare_nodes=k).validated()
-        runs = simulate_mode(q, q.replicas, stream=q.replicas)
-        out.append({"spare_nodes": k, "spare_slots": q.spare_slots, **runs.summary()})
+        for kind in kinds if k else kinds[:1]:
+            q = p.with_changes(spare_nodes=k, spare_kind=kind).validated()
+            runs = simulate_mode(q, q.replicas, stream=q.replicas)
+            row = {"spare_nodes": k, "spare_kind": kind if k else "-"}
+            out.append({**row, "spare_slots": q.spare_slots, **runs.summary()})
     return out

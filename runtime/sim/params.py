@@ -25,6 +25,8 @@ from runtime.sim.reliability import mtbf_from_rate_s, young_daly_interval_s
 from slurm.errors import InputError
 
 SECONDS_PER_DAY = 86_400.0
+#: What a spare slot holds (`SimParams.spare_kind`).
+SPARE_KINDS = ("cold", "warm")
 
 
 def power_law_interpolate(
@@ -86,6 +88,10 @@ class SimParams:
     queue_wait_s: float = 0.0
     spare_nodes: int = 0
     spare_move_s: float = 2.0
+    # A cold slot holds the nodes only: after the move the replica's processes start there (its
+    # own NCCL communicators at replica scale, then the catch-up). A warm slot runs them already,
+    # communicators made, waiting for a replica to take over: only the catch-up is left.
+    spare_kind: str = "cold"
     days: float = 30.0
     runs: int = 100
     seed: int = 0
@@ -245,6 +251,8 @@ class SimParams:
             "spare_move_s",
         ):
             _non_negative(name, getattr(self, name))
+        if self.spare_kind not in SPARE_KINDS:
+            raise InputError("spare_kind", self.spare_kind, f"one of {', '.join(SPARE_KINDS)}")
         if isinstance(self.spare_nodes, bool) or not isinstance(self.spare_nodes, int):
             raise InputError("spare_nodes", self.spare_nodes, "must be a whole number >= 0")
         if self.spare_nodes < 0:
