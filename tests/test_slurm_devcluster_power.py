@@ -128,3 +128,35 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_controller_stop_and_start_keeps_slurms_state_and_the_running_jobs(
+    slurm_cluster: devcluster.DevClusterConfig,
+) -> None:
+    """`cluster controller stop`: no Slurm command answers, the job's processes keep running;
+    `start`: slurmctld is back on its saved state, the job still RUNNING with its id and node."""
+    cfg = slurm_cluster
+    job = _sbatch(cfg, "node3")
+    try:
+        _wait(lambda: _job(cfg, job)[0] == "RUNNING", 60, "the job running")
+        _wait(lambda: len(node_processes(cfg, "node3")) >= 3, 30, "node3's job processes")
+        procs = node_processes(cfg, "node3")
+        r = _cli(cfg, "controller", "stop")
+        assert r.returncode == 0, r.stderr
+        assert "slurmctld stopped" in r.stdout
+        assert "slurmctld" not in live_daemons(cfg)
+        assert _job(cfg, job) == ("", "", "")  # squeue cannot answer
+        assert devcluster.node_states(cfg) == {}
+        assert all(_alive(p) for p in procs)
+        r = _cli(cfg, "controller", "start")
+        assert r.returncode == 0, r.stderr
+        assert "slurmctld answers" in r.stdout
+        assert _job(cfg, job)[:2] == ("RUNNING", "node3")
+        assert all(_alive(p) for p in procs)
+    finally:
+        from slurm.devcluster import controller
+
+        controller.start(cfg)
+        subprocess.run(["scancel", job], env=cfg.env(), timeout=30, check=False)

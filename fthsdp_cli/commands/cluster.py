@@ -230,6 +230,22 @@ def inject(
         click.echo(f"{node}: faults now {', '.join(result)} ({root / node})")
 
 
+@cluster.command(short_help="Stop slurmctld with its state, or start it again on that state.")
+@_dir_option
+@click.argument("action", type=click.Choice(["stop", "start"]))
+def controller(directory: Path, action: str) -> None:
+    """Stop the dev cluster's slurmctld (it saves its state and exits) or start it again on that
+    state, as an upgrade or a failover does on a site; slurmds and jobs keep running."""
+    from slurm.devcluster import controller as ctld
+
+    cfg = devcluster.DevClusterConfig.load(directory.resolve())
+    if action == "stop":
+        pid = ctld.stop(cfg)
+        click.echo("slurmctld was not running" if pid is None else f"slurmctld stopped (pid {pid})")
+    else:
+        click.echo(f"slurmctld answers (pid {ctld.start(cfg)})")
+
+
 @cluster.command(short_help="Make a node's simulated hardware healthy again.")
 @_dir_option
 @_hardware_option

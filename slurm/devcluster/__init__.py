@@ -15,7 +15,9 @@ state, logs and pid files. Only root may write the directory (0755): the default
 - `directory`: the checks that keep the cluster's folder root's alone;
 - `conf`: slurm.conf, gres.conf and topology.conf, as pure functions of the config;
 - `daemons`: starting, finding (by pid file and command line) and signalling its processes;
-- `lifecycle`: `up`, `reconfigure`, `down`, `status`, `running_cluster`.
+- `lifecycle`: `up`, `reconfigure`, `down`, `status`, `running_cluster`;
+- `power`: a node's power loss and its boot; `controller`: slurmctld stopped and started again
+  on its saved state.
 
 Slurm's hooks (Prolog, Epilog, HealthCheckProgram, TaskProlog) come in as paths, and anything
 else the nodes need (simulated hardware) from the config's `node_setup`: this package knows
