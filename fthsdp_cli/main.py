@@ -94,15 +94,11 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
-#: What Slurm's commands say when slurmctld does not answer (22.05's squeue --json says only the
-#: second).
-_CTLD_DOWN = ("Unable to contact slurm controller", "Failed while looking for jobs")
-
-
 def one_line(exc: BaseException) -> tuple[str, int]:
     """(message, exit code) for an exception a command raised: pure, tested by a table."""
     from slurm.backend import SlurmCommandError
     from slurm.errors import EnvironmentProblem, InputError
+    from slurm.records import unreachable
 
     if isinstance(exc, InputError):
         return str(exc), EXIT_INPUT
@@ -111,7 +107,7 @@ def one_line(exc: BaseException) -> tuple[str, int]:
         detail = _first_line(exc.stderr) or f"exit status {exc.returncode}"
         if "configuration" in detail and not os.environ.get("SLURM_CONF"):
             detail += " (SLURM_CONF is not set: for the dev cluster, run 'fthsdp cluster up')"
-        elif any(sign in exc.stderr for sign in _CTLD_DOWN):
+        elif unreachable(exc):
             detail += " (slurmctld is not answering; for the dev cluster: 'fthsdp cluster status')"
         return f"Slurm command '{command}' failed: {detail}", EXIT_ENVIRONMENT
     if isinstance(exc, EnvironmentProblem):

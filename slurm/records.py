@@ -37,6 +37,22 @@ class SlurmCommandError(RuntimeError):
         super().__init__(f"{' '.join(argv)} failed ({returncode}): {self.stderr}")
 
 
+#: What Slurm's commands say when slurmctld cannot be asked at all (stopped, restarting,
+#: unreachable); 22.05's `squeue --json` says only "Failed while looking for jobs".
+UNREACHABLE_SIGNS = (
+    "Unable to contact",
+    "Socket timed out",
+    "Connection refused",
+    "timed out",
+    "Failed while looking for jobs",
+)
+
+
+def unreachable(exc: SlurmCommandError) -> bool:
+    """Whether Slurm could not be asked at all (no verdict on what was asked of it)."""
+    return exc.returncode == -1 or any(t in exc.stderr for t in UNREACHABLE_SIGNS)
+
+
 class SlurmOutputError(SlurmCommandError):
     """A Slurm command answered, but not in a shape fthsdp knows for that Slurm version.
 

@@ -438,6 +438,35 @@ def journal_actions(run_dir: Path, user: SiteUser | None = None) -> list[tuple[s
         journal.close()
 
 
+#: Read as the run's user (root opening the journal would leave it files the user cannot write).
+_SUMMARY = """
+import json, sys
+from pathlib import Path
+from runtime.control.journal.store import Journal
+from runtime.control.policy import Drain, Requeue, StragglerEviction
+journal = Journal.in_run_dir(Path(sys.argv[1]))
+print(json.dumps({
+    "requeues": [(s.action.job_id, s.status) for s in journal.actions()
+                 if isinstance(s.action, Requeue)],
+    "drains": [(s.action.node, s.status, s.action.reason) for s in journal.actions()
+               if isinstance(s.action, Drain)],
+    "evictions": [(e.replica, e.node, e.at) for _, e in journal.events()
+                  if isinstance(e, StragglerEviction)],
+    "attempts": journal._db.execute(
+        "SELECT b.type, a.outcome, a.detail FROM attempts a JOIN actions b"
+        " ON a.action_id = b.id ORDER BY a.id").fetchall(),
+}))
+"""
+
+
+def journal_summary(run_dir: Path, user: SiteUser) -> dict[str, list[list[Any]]]:
+    """Every Requeue (job id, status), Drain (node, status, reason), straggler eviction
+    (replica, node, at) and Slurm attempt (action type, outcome, detail) of the run's journal."""
+    r = user.run([str(user.python), "-c", _SUMMARY, str(run_dir)])
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
 def requeues_in_journal(run_dir: Path, user: SiteUser | None = None) -> list[tuple[str, str]]:
     return [(job, status) for kind, job, status in journal_actions(run_dir, user)
             if kind == Requeue.__name__]  # fmt: skip

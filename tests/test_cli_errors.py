@@ -255,7 +255,8 @@ def test_internal_error_is_one_line_unless_debug(monkeypatch: pytest.MonkeyPatch
         (
             SlurmCommandError(["scontrol", "requeue", "5"], -1, "timed out after 30s"),
             3,
-            "Slurm command 'scontrol requeue' failed: timed out after 30s",
+            "Slurm command 'scontrol requeue' failed: timed out after 30s"
+            " (slurmctld is not answering; for the dev cluster: 'fthsdp cluster status')",
         ),
         (
             SlurmCommandError(

@@ -356,6 +356,22 @@ def test_status_shows_drained_as_unknown(tmp_path: Path) -> None:
     json.dumps(good)
 
 
+def test_status_while_slurmctld_is_away_shows_the_jobs_unknown_not_gone(tmp_path: Path) -> None:
+    from fthsdp_cli.commands.status import full_status
+
+    away = SlurmCommandError(["squeue", "--json"], 1, "Unable to contact slurm controller")
+    backend = ScriptedBackend("24.11", jobs=away)
+    data = full_status(_run_dir(tmp_path), backend)
+    assert data["slurm_unreachable"] and "Unable to contact" in data["slurm_unreachable"]
+    assert {j["state"] for j in data["jobs"]} == {"UNKNOWN"}
+    assert data["drained"] is None and data["drained_unknown"] == data["slurm_unreachable"]
+    assert not [c for c in backend.calls if c[0] == "sinfo" or c[:2] == ["scontrol", "--json"]]
+    # Slurm answering in a shape fthsdp does not know is still an error, never "unknown".
+    wrong = ScriptedBackend("24.11", jobs='{"jobs": "no"}')
+    with pytest.raises(SlurmCommandError):
+        full_status(_run_dir(tmp_path / "b"), wrong)
+
+
 def test_status_command_says_drained_unknown_on_stderr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ from control_harness import (
     clean_up,
     fthsdp,
     health_gated,
+    journal_summary,
     requeued_and_caught_up,
     wait_until,
     write_spec,
@@ -52,32 +53,6 @@ SLOW = 3.0
 SETTLE_S = 25.0
 
 Trace = list[tuple[float, dict[int, dict[str, Any]]]]
-
-
-#: Read as the run's user (root opening the journal would leave it files the user cannot write).
-_SUMMARY = """
-import json, sys
-from pathlib import Path
-from runtime.control.journal.store import Journal
-from runtime.control.policy import Drain, Requeue, StragglerEviction
-journal = Journal.in_run_dir(Path(sys.argv[1]))
-print(json.dumps({
-    "requeues": [(s.action.job_id, s.status) for s in journal.actions()
-                 if isinstance(s.action, Requeue)],
-    "drains": [(s.action.node, s.status, s.action.reason) for s in journal.actions()
-               if isinstance(s.action, Drain)],
-    "evictions": [(e.replica, e.node, e.at) for _, e in journal.events()
-                  if isinstance(e, StragglerEviction)],
-}))
-"""
-
-
-def journal_summary(run_dir: Path, user: SiteUser) -> dict[str, list[list[Any]]]:
-    """Every Requeue (job id, status), Drain (node, status, reason) and straggler eviction
-    (replica, node, at) of the run's journal."""
-    r = user.run([str(user.python), "-c", _SUMMARY, str(run_dir)])
-    assert r.returncode == 0, r.stderr
-    return dict(json.loads(r.stdout))
 
 
 def coordinator_timings(run_dir: Path, user: SiteUser) -> str:

@@ -20,20 +20,35 @@ from slurm.backend import SlurmBackend
 
 
 def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
-    """A run's state as plain data: the run's name and dir, and one row per job."""
+    """A run's state as plain data: the run's name and dir, and one row per job.
+
+    While slurmctld cannot be asked at all (stopped, restarting), every job's state is
+    `UNKNOWN` and `slurm_unreachable` says why: the run's control plane still answers, and
+    claiming the jobs `GONE` would be a misread. Any other Slurm failure is raised."""
+    from slurm.backend import SlurmCommandError
+    from slurm.records import unreachable
     from slurm.rundir import job_rows, read_run
 
     record = read_run(run_dir)
-    queued = backend.jobs(record.job_ids)
+    away: str | None = None
+    try:
+        queued = backend.jobs(record.job_ids)
+    except SlurmCommandError as exc:
+        if not unreachable(exc):
+            raise
+        queued, away = [], str(exc)
     rows = job_rows(record, queued)
     for row in rows:  # squeue says "None" for no reason: JSON says null
         if row.get("reason") in ("", "None"):
             row["reason"] = None
+        if away is not None:
+            row.update(state="UNKNOWN", restarts=None, reason=None)
     return {
         "name": record.name,
         "run_dir": record.run_dir,
         "submitted_at": record.submitted_at,
         "jobs": rows,
+        "slurm_unreachable": away,
     }
 
 
@@ -82,11 +97,13 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
     from slurm.backend import SlurmCommandError
 
     base = run_status(run_dir, backend)
-    try:
-        nodes: list[Any] | None = backend.nodes()
-    except SlurmCommandError as exc:  # unknown, not "none drained"
-        nodes = None
-        unreadable = str(exc)
+    nodes: list[Any] | None = None
+    unreadable = base["slurm_unreachable"]
+    if unreadable is None:  # else asking again only waits as long once more
+        try:
+            nodes = backend.nodes()
+        except SlurmCommandError as exc:  # unknown, not "none drained"
+            unreadable = str(exc)
     coord = fetch_state(run_dir)
     merged = merge_status(base, coord, nodes or [])
     if nodes is None:
@@ -274,7 +291,8 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     """Show the state of a run's replicas and control job.
 
     A replica row's `requeued` counts Slurm requeues (new nodes), `relaunched` restarts in place.
-    Exit 3 when Slurm cannot be reached.
+    While slurmctld cannot be reached, the jobs' states are shown as UNKNOWN beside the control
+    plane's view (a line on stderr says so); exit 3 when Slurm fails otherwise.
     """
     from rich.console import Console
 
@@ -284,9 +302,13 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
 
     check_run_files(run_dir)
     check_slurm_conf()
-    backend = make_backend(notice=stderr_notice)
+    # One try: while slurmctld is away, status shows the control plane's view at once.
+    backend = make_backend(notice=stderr_notice, retries=1)
     data = full_status(run_dir, backend)
-    if data.get("drained_unknown"):
+    if data.get("slurm_unreachable"):
+        away = data["slurm_unreachable"]
+        click.echo(f"Slurm not answering, job states unknown: {away}", err=True)
+    elif data.get("drained_unknown"):
         click.echo(f"drained nodes unknown: {data['drained_unknown']}", err=True)
     if not watch:
         if as_json:

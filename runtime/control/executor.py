@@ -31,7 +31,7 @@ from slurm.backend import DRAIN_PREFIX, SlurmBackend, SlurmCommandError
 from slurm.drain_request import DrainRequest
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.privileges import DrainMode, lacks_rights
-from slurm.records import lead_record
+from slurm.records import lead_record, unreachable
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -48,17 +48,8 @@ _RETRYABLE = (
 )
 
 
-#: Failures that mean Slurm could not be asked at all (slurmctld stopped, restarting, or
-#: unreachable): not a verdict on the action, so it is never given up for them.
-_UNREACHABLE = ("Unable to contact", "Socket timed out", "Connection refused", "timed out")
-
-
 def retryable(exc: SlurmCommandError) -> bool:
     return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
-
-
-def unreachable(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _UNREACHABLE)
 
 
 def drain_request(action: Drain, seq: int) -> DrainRequest:

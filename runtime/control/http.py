@@ -44,7 +44,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from runtime.control.coordinator import Coordinator
-from runtime.control.executor import unreachable
 from runtime.control.guard import (
     ConnectionGuard,
     GuardedSite,
@@ -75,6 +74,7 @@ from runtime.protocol import (
 )
 from slurm.backend import SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem
+from slurm.records import unreachable
 
 log = logging.getLogger("fthsdp.coordinator")
 
