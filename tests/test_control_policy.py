@@ -3,7 +3,9 @@ reordering, Slurm's own requeue and coordinator restarts."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
+import json
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -464,3 +466,25 @@ def test_an_outage_survives_a_snapshot() -> None:
     again = RunState.from_dict(CFG, state.to_dict())
     assert again.outage == state.outage is not None
     assert RunState.from_dict(CFG, {**state.to_dict(), "outage": None}).outage is None
+
+
+def test_hand_built_dicts_and_copies_match_the_generic_ones() -> None:
+    """`ReplicaState.to_dict`, its deep copy and a report's `event_to_dict` are written by
+    hand for speed: they must give what `asdict` and `copy.deepcopy` give, and share no list
+    with the original (a snapshot is serialised in another thread)."""
+    state, _ = run([*WARM, fatal(1, 2, 5.0, "node", "node2"), job(1, 1, "PENDING", 6.0)])
+    r = replace(state.replicas[1], failures=[4.0], old_jobs=["7"], handled="requeue")
+    assert r.incarnations and r.nodes
+    assert r.to_dict() == asdict(r) and list(r.to_dict()) == list(asdict(r))
+    copied = copy.deepcopy(r)
+    assert copied == r and copied.to_dict() == asdict(r)
+    for name in ("old_jobs", "nodes", "incarnations", "failures"):
+        assert getattr(copied, name) is not getattr(r, name)
+        assert r.to_dict()[name] is not getattr(r, name)
+    assert next(iter(copied.incarnations.values())) is not next(iter(r.incarnations.values()))
+    assert state.to_dict()["replicas"] == [asdict(x) for _, x in sorted(state.replicas.items())]
+    ev = fatal(1, 2, 5.0, "node", "node2")
+    assert isinstance(ev, ReportReceived)
+    generic = {**asdict(ev), "type": "ReportReceived"}
+    assert json.dumps(event_to_dict(ev)) == json.dumps(generic)
+    assert event_to_dict(ev)["report"]["evidence"] is not ev.report.evidence

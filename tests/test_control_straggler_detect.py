@@ -497,3 +497,27 @@ def test_the_indexed_peer_median_is_the_full_pass(seed: int) -> None:
                 state, k, probe, config
             ), (seed, k)
         state = observe(state, sample, config, evidence=rng.random() > 0.1)
+
+
+def test_owned_state_and_flagged_index_match_the_pure_detector() -> None:
+    """The monitor's in-place updates (`owned=True`) give the states the pure detector gives,
+    and `stragglers` (from the flagged set `observe` keeps) lists what a pass over every
+    track finds, through an episode that is flagged, cleared, and a clock that runs back."""
+    rng = random.Random(3)
+    pure, owned = DetectorState(), DetectorState()
+    t = 100.0
+    for step in range(260):
+        t = t - 500.0 if step == 200 else t + 0.2  # the monotonic clock jumps back once
+        for r in range(5):
+            slow = 2.5 if r == 2 and (60 <= step < 150 or step >= 210) else 1.0
+            sample = TimingSample(r, step, t + 0.001 * r, 0.1 * slow * rng.uniform(0.95, 1.05))
+            pure = observe(pure, sample)
+            owned = observe(owned, sample, owned=True)
+            assert owned.tracks == pure.tracks
+            assert list(owned.computes) == list(pure.computes)
+            assert list(owned.times) == list(pure.times)
+            assert dict(owned.peers) == dict(pure.peers)
+            scan = sorted(k for k, v in pure.tracks.items() if v.flagged and v.episode)
+            assert [v.replica for v in stragglers(owned)] == scan
+            assert stragglers(owned) == stragglers(pure)
+    assert [v.replica for v in stragglers(pure)] == [2]

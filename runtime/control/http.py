@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -127,7 +128,10 @@ async def _signed(request: web.Request, coord: Coordinator, keys: str) -> tuple[
     if length is not None and length > MAX_REPORT_BYTES:
         raise _Refused(413, f"body of {length} bytes")
     try:
-        body = await asyncio.wait_for(request.read(), coord.config.guard.body_timeout_s)
+        if request.content.is_eof():
+            body = await request.read()  # it all came with the header: nothing to wait for
+        else:
+            body = await asyncio.wait_for(request.read(), coord.config.guard.body_timeout_s)
     except web.HTTPRequestEntityTooLarge:
         raise _Refused(413, "body over the limit") from None
     except TimeoutError:
@@ -260,8 +264,13 @@ async def post_report(request: web.Request) -> web.Response:
         return _refuse(coord, request, 503, f"journal unavailable: {exc}", 30.0)
     await coord.after_report(report)
     r = coord.state.replicas[report.replica]
-    answer = {"ok": True, "directive": r.directive, "phase": r.phase}
-    return _json_answer(coord, request, key_id, nonce, answer)
+    return _answer(coord, request, key_id, nonce, _report_answer(r.directive, r.phase))
+
+
+@functools.lru_cache(maxsize=64)
+def _report_answer(directive: str, phase: str) -> bytes:
+    """The body of a report's answer: a handful of (directive, phase) pairs, encoded once."""
+    return json.dumps({"ok": True, "directive": directive, "phase": phase}).encode()
 
 
 async def post_requeue(request: web.Request) -> web.Response:

@@ -178,8 +178,12 @@ class DetectorState:
     #: (compute_s, received_at), with both values also kept sorted, so that the peers' median
     #: is found without a pass over every replica on every report (`_peer_median`).
     peers: Mapping[int, tuple[float, float]] = field(default_factory=dict)
-    computes: tuple[float, ...] = ()
-    times: tuple[float, ...] = ()
+    computes: Sequence[float] = ()
+    times: Sequence[float] = ()
+    #: The replicas whose track is flagged with an open episode (what `stragglers` reports),
+    #: kept by `observe` so that the question asked after every report needs no pass over
+    #: every track.
+    flagged: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -244,17 +248,27 @@ def _candidate(t: ReplicaTrack) -> tuple[float, float] | None:
 
 
 def _indexed(
-    state: DetectorState, tracks: Mapping[int, ReplicaTrack], clock: float, replica: int
+    state: DetectorState,
+    tracks: Mapping[int, ReplicaTrack],
+    clock: float,
+    replica: int,
+    owned: bool = False,
 ) -> DetectorState:
     """The new state: `tracks` (where only `replica` changed its sample or warm-up) with the
-    peer index of `state` brought up to date for `replica`."""
+    peer index and the flagged set of `state` brought up to date for `replica`; `owned`: the
+    index's containers are updated in place (see `observe`)."""
     track = tracks.get(replica)
+    flagged = state.flagged
+    now_flagged = track is not None and track.flagged and track.episode is not None
+    if now_flagged != (replica in flagged):
+        flagged = flagged | {replica} if now_flagged else flagged - {replica}
     new = _candidate(track) if track is not None else None
     old = state.peers.get(replica)
     if new == old:
-        return DetectorState(tracks, clock, state.peers, state.computes, state.times)
-    peers = dict(state.peers)
-    computes, times = list(state.computes), list(state.times)
+        return DetectorState(tracks, clock, state.peers, state.computes, state.times, flagged)
+    peers = state.peers if owned and isinstance(state.peers, dict) else dict(state.peers)
+    computes = _own_list(state.computes, owned)
+    times = _own_list(state.times, owned)
     if old is not None:
         del peers[replica]
         del computes[bisect.bisect_left(computes, old[0])]
@@ -263,10 +277,17 @@ def _indexed(
         peers[replica] = new
         bisect.insort(computes, new[0])
         bisect.insort(times, new[1])
-    return DetectorState(tracks, clock, peers, tuple(computes), tuple(times))
+    if owned:
+        return DetectorState(tracks, clock, peers, computes, times, flagged)
+    return DetectorState(tracks, clock, peers, tuple(computes), tuple(times), flagged)
 
 
-def _without(values: tuple[float, ...], value: float | None) -> tuple[float, float]:
+def _own_list(values: Sequence[float], owned: bool) -> list[float]:
+    """`values` itself when it is an owned list (updated in place), else a copy."""
+    return values if owned and isinstance(values, list) else list(values)
+
+
+def _without(values: Sequence[float], value: float | None) -> tuple[float, float]:
     """(smallest, largest) of `values` with one `value` left out (None: none left out)."""
     lo, hi = 0, len(values) - 1
     if value is not None and values[lo] == value:
@@ -418,26 +439,33 @@ def observe(
     sample: TimingSample,
     config: StragglerConfig | None = None,
     evidence: bool = True,
+    owned: bool = False,
 ) -> DetectorState:
     """Fold one sample into the detector state (returns a new state; the old one is unchanged).
 
     With `evidence=False` (another replica is recovering) the sample only becomes the replica's
     latest and, unless it is slow against it, teaches the replica's own pace: it never advances
     an episode.
+
+    `owned=True` is for a caller that keeps only the state returned (the monitor): the old
+    state's containers are then updated in place and shared with the new one. Copying the
+    tracks and the peer index costs O(replicas) a sample, most of a report's detection time
+    at a thousand replicas.
     """
     config = config or StragglerConfig()
-    tracks = dict(state.tracks)
+    tracks = state.tracks if owned and isinstance(state.tracks, dict) else dict(state.tracks)
     clock = state.clock
     if sample.received_at < clock:
         # The monotonic clock went backwards (e.g. the coordinator moved host): no time-based
         # evidence survives it, and nothing may trigger from it.
         tracks = {r: replace(t, episode=None, flagged=False) for r, t in tracks.items()}
+        state = replace(state, flagged=frozenset())
     clock = sample.received_at
     old = tracks.get(sample.replica)
     same = old is not None and old.latest.incarnation == sample.incarnation
     if same and old is not None and sample.step <= old.latest.step:
         # A duplicate or a late (reordered) report: nothing new, and never a trigger.
-        return _indexed(state, tracks, clock, sample.replica)
+        return _indexed(state, tracks, clock, sample.replica, owned)
     if old is None or old.latest.incarnation != sample.incarnation:
         track = ReplicaTrack(
             latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
@@ -445,12 +473,12 @@ def observe(
         if old is None and not sample.healing:
             track = replace(track, ignore_until_step=-1)
         tracks[sample.replica] = track
-        return _indexed(state, tracks, clock, sample.replica)
+        return _indexed(state, tracks, clock, sample.replica, owned)
     if sample.healing:
         tracks[sample.replica] = replace(
             old, latest=sample, ignore_until_step=sample.step + config.ignore_after_heal_steps
         )
-        return _indexed(state, tracks, clock, sample.replica)
+        return _indexed(state, tracks, clock, sample.replica, owned)
     if not evidence or not sample.usable or sample.step <= old.ignore_until_step:
         # No evidence either way; keep the episode (the gap rule ends it if data stays away).
         track = replace(old, latest=sample)
@@ -458,7 +486,7 @@ def observe(
             median = _peer_median(state, sample.replica, sample.received_at, config)
             track = _learn_pace(track, old, sample, median, config)
         tracks[sample.replica] = track
-        return _indexed(state, tracks, clock, sample.replica)
+        return _indexed(state, tracks, clock, sample.replica, owned)
     assert sample.compute_s is not None
     median = _peer_median(state, sample.replica, sample.received_at, config)
     own = _own_pace(old, config)
@@ -478,7 +506,7 @@ def observe(
     if track.episode is None:
         track = _learn_normal(track, old, sample.compute_s, median, config)
     tracks[sample.replica] = track
-    return _indexed(state, tracks, clock, sample.replica)
+    return _indexed(state, tracks, clock, sample.replica, owned)
 
 
 def verdicts(state: DetectorState) -> list[StragglerVerdict]:
@@ -508,8 +536,7 @@ def _verdict(replica: int, t: ReplicaTrack) -> StragglerVerdict:
 def stragglers(state: DetectorState) -> list[StragglerVerdict]:
     """The flagged replicas' verdicts, by replica id (asked after every report: only the
     flagged tracks are turned into verdicts)."""
-    flagged = [k for k, t in state.tracks.items() if t.flagged and t.episode is not None]
-    return [_verdict(k, state.tracks[k]) for k in sorted(flagged)]
+    return [_verdict(k, state.tracks[k]) for k in sorted(state.flagged)]
 
 
 def describe(verdict: StragglerVerdict) -> str:

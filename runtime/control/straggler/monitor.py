@@ -71,7 +71,7 @@ class StragglerMonitor:
             if received_at >= pending[1]:
                 self.requeue_costs.append(received_at - pending[1])
             del self._requeued_at[sample.replica]
-        self.state = observe(self.state, sample, self.detect, evidence)
+        self.state = observe(self.state, sample, self.detect, evidence, owned=True)
 
     def note_requeue(self, replica: int, at: float) -> None:
         """The replica's job was requeued (for any reason) at monotonic time `at`."""
