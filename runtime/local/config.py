@@ -43,8 +43,9 @@ class LaunchConfig:
     #: Wait this long after a replica died before restarting it: the local stand-in for the
     #: time Slurm takes to requeue, allocate and run the prolog.
     restart_delay_s: float = 0.0
-    #: Restart a killed replica only once another replica has committed this many steps past
-    #: the kill: an outage of a known share of the run, however fast the machine steps.
+    #: Restart a replica killed by `kill_replica`/`kill_schedule` only once another replica has
+    #: committed this many steps past the kill: an outage of a known share of the run, however
+    #: fast the machine steps (the restart's own time comes on top).
     restart_after_steps: int = 0
     #: Keep this many seconds of warm-up before the first chaos kill.
     chaos_warmup_s: float = 3.0

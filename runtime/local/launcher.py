@@ -316,9 +316,13 @@ class LocalLauncher:
         self._launch(rs)
 
     def _outage_left(self, failure: Failure) -> bool:
-        """The killed replica's outage (`restart_after_steps`) is not over yet."""
+        """The outage of a replica killed by the configured kills (`restart_after_steps`) is not
+        over yet. A crash, a chaos kill or an eviction restarts as usual: the outage is a planned
+        fault, not a policy for every death."""
         after = self.cfg.restart_after_steps
-        return bool(after) and max(r.step for r in self.replicas) < failure.step + after
+        if not after or failure.kind != "injected":
+            return False
+        return max(r.step for r in self.replicas) < failure.step + after
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> RunSummary:
