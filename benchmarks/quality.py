@@ -468,8 +468,9 @@ def notes(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> list
 
 
 def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Held-out loss against steps and against wall time (mean over seeds), faults marked:
-    x at a kill or eviction (on the mean curve at that step or second), o at a rejoin."""
+    """Held-out loss against steps and against wall time (mean over seeds), the configured
+    faults marked: x at a kill or eviction (on the mean curve at that step or second), o at a
+    rejoin. A crash (a worker that failed by itself) is in the JSON and the notes, not here."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -486,6 +487,8 @@ def plot(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
         ax_t.plot(secs, loss, color=color, label=LABELS[name], lw=1.4)
         for r in rs:
             for f in r["faults"]:
+                if f["kind"] not in ("injected", "straggler"):
+                    continue
                 ax_s.plot(f["step"], np.interp(f["step"], steps, loss), "x", color=color, ms=6)
                 ax_t.plot(f["t_kill"], np.interp(f["t_kill"], secs, loss), "x", color=color, ms=6)
                 if f["t_rejoin"] is not None:
@@ -585,7 +588,7 @@ def summarise(
             f"Δ final loss vs static HSDP (same seed), {LABELS[name]}",
             d["loss_values"],
             "",
-            f"|mean| ≤ static std {static_std:.4f}",
+            f"abs(mean) ≤ static std {static_std:.4f}",
             digits=4,
         )
     for name, rs in got.items():

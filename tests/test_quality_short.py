@@ -35,7 +35,7 @@ SCHEDULE = ((1, 20), (2, 40), (1, 140))
 #: static HSDP's final loss has a seed-to-seed std of 0.004 (range 0.011, 5 seeds) with the
 #: data order fixed, and a std of 0.0105 (range -0.025 to +0.015) when only the data order
 #: moves (the stream started 280-1,120 samples on): the kills re-issue units later, so they move
-#: the order. 0.03 is three order stds, just above that range.
+#: the order. 0.03 is about three order stds, just above that range.
 TOLERANCE = 0.03
 
 
