@@ -8,6 +8,7 @@ the launcher sets the environment (see docs/runtime.md), the API does the rest.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -19,6 +20,8 @@ HIDDEN = int(os.environ.get("TINY_HIDDEN", "64"))
 STEP_SLEEP_S = float(os.environ.get("TINY_STEP_SLEEP_S", "0"))
 # gradient accumulation: the batch in this many backward passes (the same step's gradient)
 MICROBATCHES = int(os.environ.get("TINY_MICROBATCHES", "1"))
+#: Samples per rank per step.
+BATCH_SIZE = 8
 
 
 class SyntheticRegression(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -48,16 +51,28 @@ def make_model() -> nn.Module:
     )
 
 
+def make_dataset() -> SyntheticRegression:
+    return SyntheticRegression()
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(out, y)
+
+
+def make_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-2)
+
+
 def main() -> None:
     ft = FTHSDP.from_env()
     with ft.running():
         model = ft.shard(make_model())
-        opt = ft.optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
-        for x, y in ft.data(SyntheticRegression(), batch_size=8):
+        opt = ft.optimizer(make_optimizer(model.parameters()))
+        for x, y in ft.data(make_dataset(), batch_size=BATCH_SIZE):
             opt.zero_grad()
             step_loss = 0.0
             for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
-                loss = nn.functional.mse_loss(model(xs), ys) / MICROBATCHES
+                loss = loss_fn(model(xs), ys) / MICROBATCHES
                 loss.backward()
                 step_loss += loss.item()
             ft.record(loss=step_loss)  # the leader's loss, for `fthsdp report`

@@ -6,9 +6,13 @@
 * `ddp`: torchft's own `DistributedDataParallel` wrapper with a `Manager` (one process per
   replica), the fault-tolerant baseline torchft ships.
 
-Both train the example's model (`examples/train_tiny.py`, loaded by path so there is one
-definition) on the data ledger's order with every replica participating: step t, replica r,
-rank w trains samples `cursor + r*B*W + w*B ... + B` with `cursor = t*R*B*W`.
+Both train the example's model (`examples/train_tiny.py`, or the file `FTHSDP_BASELINE_EXAMPLE`
+names, loaded by path so there is one definition: its `make_model`, `make_dataset`, `loss_fn`,
+`make_optimizer` and `BATCH_SIZE`) on the data ledger's order with every replica participating:
+step t, replica r, rank w trains samples `cursor + r*B*W + w*B ... + B` with `cursor = t*R*B*W`.
+An example with `evaluate(model)` and `eval_due(step)` (`examples/train_digits.py`) is evaluated
+by `plain` as FT-HSDP's trainer does it: before step t when `eval_due(t)`, and after the last
+step, into `progress/plain.jsonl` as "metrics" events of that step.
 
 Run one rank as `python -m runtime.baselines plain|ddp` with RANK/WORLD_SIZE/MASTER_ADDR/
 MASTER_PORT (global for `plain`, per replica for `ddp`) and the FTHSDP_* variables; `spawn`
@@ -34,13 +38,13 @@ from torch import nn
 from slurm import contract
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_tiny.py"
-BATCH = 8
-#: Seconds each baseline step sleeps, as in `examples/train_tiny.py` (the benchmarks set it).
-STEP_SLEEP_ENV = "TINY_STEP_SLEEP_S"
+#: The example file the baselines train (its path); `examples/train_tiny.py` when unset.
+EXAMPLE_ENV = "FTHSDP_BASELINE_EXAMPLE"
 
 
 def load_example() -> dict[str, Any]:
-    return runpy.run_path(str(EXAMPLE), run_name="fthsdp_example")
+    path = os.environ.get(EXAMPLE_ENV) or str(EXAMPLE)
+    return runpy.run_path(path, run_name="fthsdp_example")
 
 
 def _batch(dataset: Any, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,32 +116,46 @@ def plain_worker() -> None:
         if any(True for _ in child.parameters()):
             fully_shard(child, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = ex["SyntheticRegression"]()
-    rb = BATCH * shard
+    opt = ex["make_optimizer"](model.parameters())
+    data = ex["make_dataset"]()
+    loss_fn, batch = ex["loss_fn"], int(ex["BATCH_SIZE"])
+    evaluate, eval_due = ex.get("evaluate"), ex.get("eval_due")
+    rb = batch * shard
     times = []
     every = int(os.environ.get(contract.CHECKPOINT_EVERY_STEPS, "0"))
-    sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0"))
+    sleep_s = float(ex.get("STEP_SLEEP_S", 0.0))
     first = _restore(run_dir, model, opt) if every else 0
     progress = None
     if rank == 0:
         (run_dir / "progress").mkdir(parents=True, exist_ok=True)
         progress = open(run_dir / "progress" / "plain.jsonl", "a", buffering=1)  # noqa: SIM115
-        progress.write(json.dumps({"t": time.time(), "event": "joined", "step": first}) + "\n")
+
+    def event(kind: str, step: int, **fields: Any) -> None:
+        if progress is not None:
+            record = {"t": time.time(), "event": kind, "step": step, **fields}
+            progress.write(json.dumps(record) + "\n")
+
+    def heldout(step: int) -> None:
+        if evaluate is not None:
+            event("metrics", step, metrics=evaluate(model))  # every rank: a sharded forward
+
+    event("joined", first)
     for t in range(first, steps):
+        if eval_due is not None and eval_due(t):
+            heldout(t)
         start = time.perf_counter()
-        lo = t * replicas * rb + replica * rb + w * BATCH
-        x, y = _batch(data, lo, lo + BATCH)
+        lo = t * replicas * rb + replica * rb + w * batch
+        x, y = _batch(data, lo, lo + batch)
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        loss_fn(model(x), y).backward()
         if sleep_s:
             time.sleep(sleep_s)
         opt.step()
         times.append(time.perf_counter() - start)
         if every and (t + 1) % every == 0:
             _save(run_dir, t + 1, model, opt)
-        if progress is not None:
-            progress.write(json.dumps({"t": time.time(), "event": "commit", "step": t}) + "\n")
+        event("commit", t)
+    heldout(steps)
     _write(run_dir, replica, w, model, times)
     # Tear down together: a rank that destroys its gloo group while a peer's last collective
     # still talks to it can abort in gloo's teardown ("terminate called without an active
@@ -155,7 +173,7 @@ def ddp_worker() -> None:
     steps = int(os.environ[contract.STEPS])
     run_dir = Path(os.environ[contract.RUN_DIR])
     model = ex["make_model"]()
-    inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    inner = ex["make_optimizer"](model.parameters())
 
     def load(sd: dict[str, Any]) -> None:
         model.load_state_dict(sd["model"])
@@ -184,15 +202,16 @@ def ddp_worker() -> None:
     )
     ddp = DistributedDataParallel(manager, model)
     opt = Optimizer(manager, inner)
-    data = ex["SyntheticRegression"]()
+    data = ex["make_dataset"]()
+    loss_fn, batch = ex["loss_fn"], int(ex["BATCH_SIZE"])
     times = []
     t = 0
     while manager.current_step() < steps:
         start = time.perf_counter()
-        lo = t * replicas * BATCH + replica * BATCH
-        x, y = _batch(data, lo, lo + BATCH)
+        lo = t * replicas * batch + replica * batch
+        x, y = _batch(data, lo, lo + batch)
         opt.zero_grad()
-        nn.functional.mse_loss(ddp(x), y).backward()
+        loss_fn(ddp(x), y).backward()
         opt.step()
         t = manager.current_step()
         times.append(time.perf_counter() - start)

@@ -32,6 +32,9 @@ class LaunchConfig:
     job_name: str = "fthsdp"
     kill_replica: int | None = None
     kill_at_step: int | None = None
+    #: More kills at chosen steps: each (replica, step) is `kill_replica`/`kill_at_step` again,
+    #: so that a run has exactly as many kills as listed (chaos kills come at random times).
+    kill_schedule: tuple[tuple[int, int], ...] = ()
     chaos_mtbf_s: float | None = None
     seed: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -40,6 +43,10 @@ class LaunchConfig:
     #: Wait this long after a replica died before restarting it: the local stand-in for the
     #: time Slurm takes to requeue, allocate and run the prolog.
     restart_delay_s: float = 0.0
+    #: Restart a replica killed by `kill_replica`/`kill_schedule` only once another replica has
+    #: committed this many steps past the kill: an outage of a known share of the run, however
+    #: fast the machine steps (the restart's own time comes on top).
+    restart_after_steps: int = 0
     #: Keep this many seconds of warm-up before the first chaos kill.
     chaos_warmup_s: float = 3.0
     #: No chaos kill once a replica passed this fraction of the steps, so that restarted

@@ -1,4 +1,4 @@
-"""Faults a local run injects: one `kill -9` of a replica at a step, or chaos kills.
+"""Faults a local run injects: `kill -9`s of a replica at chosen steps, or chaos kills.
 
 Chaos kills come with an exponential inter-arrival time (`chaos_mtbf_s`) after a warm-up and stop
 once a replica passed `chaos_stop_fraction` of the steps, so that restarted replicas can rejoin
@@ -53,17 +53,20 @@ class FaultInjector:
         self.cfg = cfg
         self.inject = inject
         self.rng = random.Random(cfg.seed)
-        self.killed_once = False
+        #: The (replica, step) kills not injected yet, in the order given.
+        self.pending_kills = list(cfg.kill_schedule)
+        if cfg.kill_replica is not None and cfg.kill_at_step is not None:
+            self.pending_kills.insert(0, (cfg.kill_replica, cfg.kill_at_step))
         self.next_chaos: float | None = None
 
     def tick(self, replicas: list[LocalReplica], run_ending: bool) -> None:
         """One pass of the launcher's loop; `run_ending` once a replica has finished."""
         cfg = self.cfg
-        if cfg.kill_replica is not None and cfg.kill_at_step is not None and not self.killed_once:
-            rs = replicas[cfg.kill_replica]
-            due = rs.state == "training" and rs.step >= cfg.kill_at_step
+        for kill in list(self.pending_kills):
+            rs = replicas[kill[0]]
+            due = rs.state == "training" and rs.step >= kill[1]
             if due and (healthy_others(rs, replicas) or cfg.replicas == 1):
-                self.killed_once = True
+                self.pending_kills.remove(kill)
                 self.inject(rs, "injected")
         if cfg.chaos_mtbf_s:
             now = time.monotonic()

@@ -300,7 +300,7 @@ class LocalLauncher:
             rs.state = "out"
             return
         now = time.time()
-        if now < mine[-1].t_kill + self.cfg.restart_delay_s:
+        if now < mine[-1].t_kill + self.cfg.restart_delay_s or self._outage_left(mine[-1]):
             rs.state = "dead"  # collected; restarted on a later pass
             return
         rs.restarts = [t for t in rs.restarts if now - t < self.cfg.restart_window_s]
@@ -314,6 +314,15 @@ class LocalLauncher:
                 f.t_restart = now
                 break
         self._launch(rs)
+
+    def _outage_left(self, failure: Failure) -> bool:
+        """The outage of a replica killed by the configured kills (`restart_after_steps`) is not
+        over yet. A crash, a chaos kill or an eviction restarts as usual: the outage is a planned
+        fault, not a policy for every death."""
+        after = self.cfg.restart_after_steps
+        if not after or failure.kind != "injected":
+            return False
+        return max(r.step for r in self.replicas) < failure.step + after
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> RunSummary:
