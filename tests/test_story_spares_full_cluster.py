@@ -12,6 +12,10 @@ replica 1's node, and the test measures fault -> the replacement's step advancin
   slot is queued and waits like anyone's job.
 - no spares: replica 1's requeued job stays PENDING for the whole watch (60 s), nobody's jobs
   untouched; the test does not wait out their 10 minutes.
+
+The runs are the job user's (`fthsdp-user`, through the site install), who may not drain: the
+drain of the faulty node is asked of root's Epilog in the job's comment, and root injects the
+faults, as an operator would.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import pytest
 from control_harness import ROOT, SPEC, clean_up, fthsdp, health_gated
+from user_harness import SiteUser
 
 from prolog_epilog import dev_health
 from slurm.backend import CommandBackend
@@ -39,13 +44,20 @@ WATCH_PENDING_S = 60.0
 SPARE_BOUND_S = 20.0
 
 
-def spec_text(work: Path, name: str, spares: int) -> tuple[Path, Path]:
-    work.mkdir(parents=True, exist_ok=True)
-    run_dir = work / "run"
+def spec_text(user: SiteUser, name: str, spares: int) -> tuple[SiteUser, Path, Path]:
+    """The run's spec in a new folder of the job user's; returns (the user working in that
+    folder, spec, run_dir)."""
+    work = SiteUser(
+        user.user,
+        user.prefix,
+        user.folder(name),
+        {"SLURM_CONF": user.env["SLURM_CONF"], "TINY_STEP_SLEEP_S": "0.1"},
+    )
+    run_dir = work.home / "run"
     text = SPEC.format(
         name=name,
         run_dir=run_dir,
-        python=os.environ.get("FTHSDP_TEST_PYTHON", _python()),
+        python=work.python,
         root=ROOT,
         steps=STEPS,
         straggler_mode="report",
@@ -53,23 +65,17 @@ def spec_text(work: Path, name: str, spares: int) -> tuple[Path, Path]:
     text = text.replace("count = 3", "count = 2").replace("min_replicas = 2", "min_replicas = 1")
     if spares:
         text += f"\n[spares]\nnodes = {spares}\n"
-    spec = work / "spec.toml"
-    spec.write_text(text)
-    return spec, run_dir
+    spec = work.home / "spec.toml"
+    work.write(spec, text)
+    return work, spec, run_dir
 
 
-def _python() -> str:
-    import sys
-
-    return sys.executable
-
-
-def status(env: dict[str, str], run_dir: Path) -> dict[str, Any]:
+def status(env: SiteUser, run_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
     return data
 
 
-def wait_status(env: dict[str, str], run_dir: Path, pred: Any, timeout: float, what: str,
+def wait_status(env: SiteUser, run_dir: Path, pred: Any, timeout: float, what: str,
                 every: float = 1.0) -> dict[str, Any]:  # fmt: skip
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
@@ -81,7 +87,7 @@ def wait_status(env: dict[str, str], run_dir: Path, pred: Any, timeout: float, w
     raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[-3000:]}")
 
 
-def steady(env: dict[str, str], run_dir: Path, ready: Any, timeout: float = 300) -> dict[str, Any]:
+def steady(env: SiteUser, run_dir: Path, ready: Any, timeout: float = 300) -> dict[str, Any]:
     """The status once `ready` holds twice 5 s apart with every replica's step risen and no
     relaunch in between: a replica that was just relaunched (a step killed at start, seen on
     24.11) must not overlap the fault this test measures."""
@@ -176,9 +182,9 @@ def filled(cluster_dir: Path, nodes: list[str], gpus: int) -> Iterator[list[str]
                 p.chmod(mode)
 
 
-def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str, Any]:
-    spec, run_dir = spec_text(work, name, spares)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+def _run(cfg: DevClusterConfig, user: SiteUser, name: str, spares: int) -> dict[str, Any]:
+    env, spec, run_dir = spec_text(user, name, spares)
+    root_env = dict(os.environ)  # the operator's side: injecting the faults
     drained: str | None = None
     also_drained: str | None = None
     out: dict[str, Any] = {}
@@ -201,7 +207,14 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
             victim = reps(before)[1]["nodes"][0]
             old_job = reps(before)[1]["job_id"]
             fthsdp(
-                env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(cfg.directory)
+                root_env,
+                "cluster",
+                "inject",
+                victim,
+                "--fault",
+                "xid79",
+                "--dir",
+                str(cfg.directory),
             )
             drained = victim
             t_fault = time.monotonic()
@@ -241,13 +254,13 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
                     "a queued refill slot",
                 )
                 out["pool_after"] = refill["spares"]
-                requeue = _journal_requeue(run_dir)
+                requeue = _journal_requeue(run_dir, env)
                 assert requeue and f"moved to spare slot {slot}" in requeue, requeue
                 # A second fault while the refill waits: the pool is empty, so replica 0 falls
                 # back to the plain requeue, and the journal and status say so.
                 second = reps(before)[0]["nodes"][0]
                 fthsdp(
-                    env,
+                    root_env,
                     "cluster",
                     "inject",
                     second,
@@ -268,7 +281,7 @@ def _run(cfg: DevClusterConfig, work: Path, name: str, spares: int) -> dict[str,
                     "replica 0 requeued with the pool empty",
                 )
                 assert "no spare free" in fell["spares"]["last_fallback"]["why"]
-                assert "plain requeue" in _journal_requeue(run_dir)
+                assert "plain requeue" in _journal_requeue(run_dir, env)
                 assert reps(fell)[0]["job_id"] == reps(before)[0]["job_id"]
                 out["fallback"] = fell["spares"]["last_fallback"]
             else:
@@ -304,31 +317,37 @@ def _squeue() -> str:
     return out.stdout
 
 
-def _journal_requeue(run_dir: Path) -> str:
-    import sqlite3
+#: Read as the run's user: root opening the journal (SQLite in WAL mode) could leave root-owned
+#: -wal/-shm files in the run folder that the user's coordinator then cannot open.
+_REQUEUE_DETAILS = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute(
+    "SELECT a.detail FROM attempts a JOIN actions b ON a.action_id = b.id "
+    "WHERE b.type = 'Requeue' ORDER BY a.id"
+).fetchall()
+print(" | ".join(str(r[0]) for r in rows))
+"""
 
-    db = sqlite3.connect(run_dir / "control.sqlite")
-    try:
-        rows = db.execute(
-            "SELECT a.detail FROM attempts a JOIN actions b ON a.action_id = b.id "
-            "WHERE b.type = 'Requeue' ORDER BY a.id"
-        ).fetchall()
-    finally:
-        db.close()
-    return " | ".join(str(r[0]) for r in rows)
+
+def _journal_requeue(run_dir: Path, user: SiteUser) -> str:
+    """Every requeue attempt's detail in the run's journal, oldest first."""
+    r = user.run([str(user.python), "-c", _REQUEUE_DETAILS, str(run_dir / "control.sqlite")])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_spare_takes_the_failed_replica_on_a_full_cluster(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     backend = CommandBackend()
     with health_gated(slurm_cluster) as gated:
-        with_spare = _run(gated, tmp_path / "spare", "spares1", spares=1)
+        with_spare = _run(gated, site_user, "spares1", spares=1)
         print(json.dumps({"with_spare": with_spare}, indent=1))
-        without = _run(gated, tmp_path / "none", "spares0", spares=0)
+        without = _run(gated, site_user, "spares0", spares=0)
     print(json.dumps({"with_spare": with_spare, "without": without}, indent=1))
     assert with_spare["fault_to_participating_s"] <= SPARE_BOUND_S, with_spare
     assert without["pending_watched_s"] >= WATCH_PENDING_S
@@ -339,14 +358,14 @@ def test_spare_takes_the_failed_replica_on_a_full_cluster(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_spare_that_fails_its_check_is_drained_and_replaced(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     """An Xid 79 on the idle spare's node: the HealthCheckProgram drains it like any node, the
     coordinator retires the slot and queues a new one, which starts on a healthy node."""
     backend = CommandBackend()
     with health_gated(slurm_cluster) as cfg:
-        spec, run_dir = spec_text(tmp_path, "sparehc", 1)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
+        env, spec, run_dir = spec_text(site_user, "sparehc", 1)
+        root_env = dict(os.environ)  # the operator's side: injecting the fault
         victim: str | None = None
         try:
             fthsdp(env, "submit", str(spec))
@@ -360,7 +379,14 @@ def test_a_spare_that_fails_its_check_is_drained_and_replaced(
             (slot,) = before["spares"]["slots"]
             victim = slot["nodes"][0]
             fthsdp(
-                env, "cluster", "inject", victim, "--fault", "xid79", "--dir", str(cfg.directory)
+                root_env,
+                "cluster",
+                "inject",
+                victim,
+                "--fault",
+                "xid79",
+                "--dir",
+                str(cfg.directory),
             )
 
             def replaced(d: dict[str, Any]) -> bool:
