@@ -356,12 +356,23 @@ def test_status_shows_drained_as_unknown(tmp_path: Path) -> None:
     json.dumps(good)
 
 
-def test_status_while_slurmctld_is_away_shows_the_jobs_unknown_not_gone(tmp_path: Path) -> None:
+def test_status_while_slurmctld_is_away_shows_the_jobs_unknown_not_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fthsdp_cli.commands.status import full_status
+    from runtime.control import client
 
     away = SlurmCommandError(["squeue", "--json"], 1, "Unable to contact slurm controller")
     backend = ScriptedBackend("24.11", jobs=away)
+    # Neither Slurm nor a coordinator: nothing is known, the Slurm error stands.
+    with pytest.raises(SlurmCommandError, match="Unable to contact"):
+        full_status(_run_dir(tmp_path / "a"), backend)
+    rep = {"replica": 0, "phase": "training", "step": 7, "restarts": 0, "nodes": ["node1"]}
+    rep |= {"job_id": "1", "relaunches": 0, "requeues": 0, "slurm_requeues": 0}
+    view = {"replicas": [{**rep, "last_failure": None}]}
+    monkeypatch.setattr(client, "fetch_state", lambda run_dir, timeout=2.0: view)
     data = full_status(_run_dir(tmp_path), backend)
+    assert data["replicas"][0]["state"] == "training" and data["replicas"][0]["step"] == 7
     assert data["slurm_unreachable"] and "Unable to contact" in data["slurm_unreachable"]
     assert {j["state"] for j in data["jobs"]} == {"UNKNOWN"}
     assert data["drained"] is None and data["drained_unknown"] == data["slurm_unreachable"]

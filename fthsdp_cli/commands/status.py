@@ -16,27 +16,21 @@ from typing import Any
 import click
 
 from fthsdp_cli.commands import stderr_notice
-from slurm.backend import SlurmBackend
+from slurm.backend import SlurmBackend, SlurmCommandError
 
 
-def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
+def run_status(
+    run_dir: Path, backend: SlurmBackend, away: SlurmCommandError | None = None
+) -> dict[str, Any]:
     """A run's state as plain data: the run's name and dir, and one row per job.
 
-    While slurmctld cannot be asked at all (stopped, restarting), every job's state is
-    `UNKNOWN` and `slurm_unreachable` says why: the run's control plane still answers, and
-    claiming the jobs `GONE` would be a misread. Any other Slurm failure is raised."""
-    from slurm.backend import SlurmCommandError
-    from slurm.records import unreachable
+    `away`: slurmctld could not be asked at all (stopped, restarting), so squeue is not asked
+    again; every job's state is `UNKNOWN` and `slurm_unreachable` says why (claiming the jobs
+    `GONE` would be a misread)."""
     from slurm.rundir import job_rows, read_run
 
     record = read_run(run_dir)
-    away: str | None = None
-    try:
-        queued = backend.jobs(record.job_ids)
-    except SlurmCommandError as exc:
-        if not unreachable(exc):
-            raise
-        queued, away = [], str(exc)
+    queued = backend.jobs(record.job_ids) if away is None else []
     rows = job_rows(record, queued)
     for row in rows:  # squeue says "None" for no reason: JSON says null
         if row.get("reason") in ("", "None"):
@@ -48,7 +42,7 @@ def run_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
         "run_dir": record.run_dir,
         "submitted_at": record.submitted_at,
         "jobs": rows,
-        "slurm_unreachable": away,
+        "slurm_unreachable": None if away is None else str(away),
     }
 
 
@@ -92,11 +86,21 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
     """`run_status` joined with the coordinator's view and the nodes fthsdp drained.
 
     `drained` is None, and `drained_unknown` says why, when Slurm's node list cannot be read:
-    an empty list would claim that nothing is drained."""
+    an empty list would claim that nothing is drained. While slurmctld cannot be asked at all,
+    the coordinator's view is shown with the jobs' states unknown; with no coordinator either
+    nothing is known, and the Slurm error is raised."""
     from runtime.control.client import fetch_state, merge_status
     from slurm.backend import SlurmCommandError
+    from slurm.records import unreachable
 
-    base = run_status(run_dir, backend)
+    coord: dict[str, Any] | None = None
+    try:
+        base = run_status(run_dir, backend)
+    except SlurmCommandError as exc:
+        coord = fetch_state(run_dir) if unreachable(exc) else None
+        if coord is None:
+            raise
+        base = run_status(run_dir, backend, away=exc)
     nodes: list[Any] | None = None
     unreadable = base["slurm_unreachable"]
     if unreadable is None:  # else asking again only waits as long once more
@@ -104,7 +108,7 @@ def full_status(run_dir: Path, backend: SlurmBackend) -> dict[str, Any]:
             nodes = backend.nodes()
         except SlurmCommandError as exc:  # unknown, not "none drained"
             unreadable = str(exc)
-    coord = fetch_state(run_dir)
+        coord = fetch_state(run_dir)
     merged = merge_status(base, coord, nodes or [])
     if nodes is None:
         merged["drained"] = None
@@ -292,7 +296,8 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
 
     A replica row's `requeued` counts Slurm requeues (new nodes), `relaunched` restarts in place.
     While slurmctld cannot be reached, the jobs' states are shown as UNKNOWN beside the control
-    plane's view (a line on stderr says so); exit 3 when Slurm fails otherwise.
+    plane's view (a line on stderr says so); exit 3 when Slurm fails otherwise, or when neither
+    Slurm nor the control plane answers.
     """
     from rich.console import Console
 
