@@ -254,11 +254,15 @@ def _watch(
 ) -> None:
     """Refresh every `interval` seconds until interrupted: a live table on a terminal, one
     snapshot per interval into a pipe or file, JSON lines only with `--json`."""
+    import signal
     import time
 
     from rich.console import Console
     from rich.live import Live
 
+    # It runs until interrupted, so SIGINT must interrupt it even when the parent ignored it
+    # (a shell without job control starts its background commands so).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console()
     if as_json or not console.is_terminal:
         while True:
