@@ -110,3 +110,32 @@ def test_a_refusal_from_slurm_still_fails_after_the_attempts() -> None:
     outcomes = carry(SlurmExecutor(slurm, retries=3, backoff_s=0.001, backoff_max_s=0.01), REQUEUE)
     assert outcomes[-1] == "failed", outcomes
     assert outcomes.count("retry") == 2 + 2  # Slurm away twice, then two refusals retried
+
+
+class RequeuedMeanwhile(FlakySlurm):
+    """RUNNING when first read; the requeue is refused because Slurm just requeued the job
+    itself; the next read shows `after` (the job's state, restarts)."""
+
+    def __init__(self, after: tuple[str, int]) -> None:
+        super().__init__(away=0)
+        self.after = after
+        self.reads = 0
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append("requeue")
+        raise SlurmCommandError(["scontrol", "requeue", job_id], 1, "Job is pending execution")
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        self.reads += 1
+        state, restarts = ("RUNNING", 0) if self.reads == 1 else self.after
+        return [JobInfo(j, "x", state, "node2", restarts, "") for j in job_ids]
+
+
+def test_a_requeue_slurm_made_itself_meanwhile_is_moot_only_once_read_so() -> None:
+    slurm = RequeuedMeanwhile(("PENDING", 1))
+    outcomes = carry(SlurmExecutor(slurm, retries=1, backoff_s=0.001), REQUEUE)
+    assert outcomes == ["started", "skipped"], outcomes
+    # Read still running: the refusal stands.
+    slurm = RequeuedMeanwhile(("RUNNING", 0))
+    outcomes = carry(SlurmExecutor(slurm, retries=1, backoff_s=0.001), REQUEUE)
+    assert outcomes[-1] == "failed", outcomes

@@ -154,7 +154,15 @@ class SlurmExecutor:
                 return ("skipped", f"already requeued (restart count {current.restarts})")
             if current and current.state.upper() == "PENDING":
                 return ("skipped", "job is pending, nothing to requeue")
-            b.requeue(action.job_id)
+            try:
+                b.requeue(action.job_id)
+            except SlurmCommandError as exc:
+                # Slurm may have put the job back in the queue itself between the read and the
+                # call (its end reached slurmctld): moot only once a fresh read shows it so.
+                again = lead_record(b.jobs([action.job_id]), action.job_id)
+                if again and (again.restarts > action.restarts or again.state.upper() == "PENDING"):
+                    return ("skipped", f"requeued meanwhile by Slurm ({exc.stderr[:120]})")
+                raise
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
             # The backend waits for the requeued job to settle back to PENDING first.

@@ -29,7 +29,8 @@ Several guards keep bad data from ever triggering:
   dropped;
 * while another replica is recovering (starting, healing, or within `recovery_hold_s` of
   training again), samples are no evidence and no eviction is decided: a replacement's start
-  and catch-up load the machine and the network, and every step waits for it anyway.
+  and catch-up load the machine and the network, and every step waits for it anyway; nor are
+  a replacement's own samples within its `recovery_hold_s` (`runtime.control.straggler.service`).
 
 The slow *node* is the node of the replica's slowest rank: ranks are laid out in blocks over the
 replica's nodes (Slurm's default block distribution), `tasks_per_node` ranks on each.

@@ -128,8 +128,10 @@ class StragglerService:
         self._noted = state
         self._last_at = at
 
-    def _others_recovering(self, replica: int, at: float) -> bool:
-        """Whether a replica other than `replica` is recovering (after `_refresh`)."""
+    def _no_evidence(self, replica: int, at: float) -> bool:
+        """Whether `replica`'s sample is no evidence (after `_refresh`): another replica is
+        recovering, or some replica, `replica` included, trains again after a recovery for less
+        than `recovery_hold_s` (a replacement's own first steps on a busy machine are slow)."""
         if len(self._unsettled) > 1 or (self._unsettled and replica not in self._unsettled):
             return True
         hold = self.monitor.detect.recovery_hold_s
@@ -138,7 +140,7 @@ class StragglerService:
         for k, since in self._warming.items():
             if at - since >= hold:
                 expired.append(k)  # settled for good: time only runs forward here
-            elif k != replica and at - since >= 0:
+            elif at - since >= 0:
                 found = True
                 break
         for k in expired:
@@ -164,7 +166,7 @@ class StragglerService:
             # Slurm's step variables) still runs where squeue says the replica's job runs.
             sample = replace(sample, nodes=tuple(known.nodes))
         self._refresh(state, at)
-        evidence = not self._others_recovering(report.replica, at)
+        evidence = not self._no_evidence(report.replica, at)
         self.monitor.observe_sample(sample, evidence=evidence)
         if not stragglers(self.monitor.state):
             return []  # nothing to decide: skip the counts over every replica
