@@ -83,7 +83,9 @@ def test_report_of_a_run_with_a_kill_in_headless_chromium(tmp_path: Path) -> Non
     chromium = _chromium()
     run_dir = tmp_path / "run"
     summary = _local_run_with_a_kill(run_dir)
-    assert [f["replica"] for f in summary["failures"]] == [1]  # type: ignore[index, union-attr]
+    # Replica 1's kill; on a loaded machine its restart may crash once more (seen beside a
+    # release-matrix run): the report must show whatever happened to replica 1 alone.
+    assert {f["replica"] for f in summary["failures"]} == {1}  # type: ignore[index, union-attr]
 
     made = subprocess.run(
         [sys.executable, "-m", "fthsdp_cli", "report", str(run_dir), "--png"],
