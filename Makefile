@@ -69,18 +69,18 @@ typecheck: install
 check: lint typecheck
 	$(BIN)/python -m pytest -q -m "not slurm and not slow" -n 2 $(PYTEST_ARGS)
 
-# On the host: the fast tier on two workers (as in `check`), then the tests that start dev clusters
-# or many processes, one at a time (they measure stalls and timeouts); then the slurm-marked tests
-# on every other release of the matrix, but for the long `one_release` stories (the loaded demo,
-# the README walk-through, the straggler eviction): their Slurm calls (submit, requeue, drain
-# request, status) are the ones the other slurm tests make on every release.
+# On the host: the fast tier on two workers (as in `check`); then, side by side
+# (tests/slow_tiers.py), the tests that start dev clusters or many processes, one at a time (they
+# measure stalls and timeouts), and the slurm-marked tests on every other release of the matrix, one
+# release after the other, but for the long `one_release` stories (the loaded demo, the README
+# walk-through, the straggler eviction, slurmctld away): their Slurm calls (submit, requeue, drain
+# request, status) are the ones the other slurm tests make on every release. Both sides mostly wait
+# on dev clusters, so beside each other they take about as long as the longer one.
+# SERIAL=1 runs them one after the other.
+SERIAL ?=
 test: install slurm-deps browser-deps lint typecheck chroots site-cache
 	$(BIN)/python -m pytest -m "not slurm and not slow" -n 2
-	$(BIN)/python -m pytest -m "slurm or slow" --durations=15
-	@if [ "$$(id -u)" != 0 ]; then echo "not root: skipping the Slurm release matrix"; \
-	else for v in $$($(RELEASES) others); do \
-	  echo "== slurm-marked tests on Slurm $$v"; $(MAKE) --no-print-directory test-slurm VERSION=$$v MARKS="slurm and not one_release" || exit 1; \
-	done; fi
+	$(BIN)/python tests/slow_tiers.py --python $(BIN)/python --make "$(MAKE)" $(if $(SERIAL),--serial)
 
 # A site install: the project's wheel with its runtime and health extras and the pinned CPU torch,
 # in a virtualenv made from a Python every user can run (not the developer's .venv, whose

@@ -43,14 +43,24 @@ UNREACHABLE_SIGNS = (
     "Unable to contact",
     "Socket timed out",
     "Connection refused",
+    "Zero Bytes were transmitted",
     "timed out",
     "Failed while looking for jobs",
 )
+
+#: What slurmctld says when it was asked but is too busy to answer now ("Slurm temporarily
+#: unable to accept job, sleeping and retrying", "Resource temporarily unavailable").
+BUSY_SIGNS = ("temporarily",)
 
 
 def unreachable(exc: SlurmCommandError) -> bool:
     """Whether Slurm could not be asked at all (no verdict on what was asked of it)."""
     return exc.returncode == -1 or any(t in exc.stderr for t in UNREACHABLE_SIGNS)
+
+
+def retryable(exc: SlurmCommandError) -> bool:
+    """Whether the same call may succeed later: Slurm away or busy, not a refusal."""
+    return unreachable(exc) or any(t in exc.stderr for t in BUSY_SIGNS)
 
 
 class SlurmOutputError(SlurmCommandError):

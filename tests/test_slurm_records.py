@@ -1,9 +1,11 @@
-"""`slurm.records`: which squeue record speaks for a job, and the one-node-name check, by tables."""
+"""`slurm.records`: which squeue record speaks for a job, the one-node-name check, and which
+failures mean Slurm is away or busy, by tables."""
 
 from __future__ import annotations
 
 import pytest
 
+from slurm import records
 from slurm.records import JobInfo, NodeNameError, SlurmCommandError, check_node_name, lead_record
 
 
@@ -59,3 +61,25 @@ def test_anything_but_one_node_name_is_refused(value: object) -> None:
         check_node_name(value, "drain")
     assert "one Slurm node name" in str(info.value) and "nothing was done" in str(info.value)
     assert isinstance(info.value, SlurmCommandError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("rc", "stderr", "away", "again"),
+    [
+        (1, "scontrol: error: Unable to contact slurm controller (connect failure)", True, True),
+        (1, "slurm_load_jobs error: Socket timed out on send/recv operation", True, True),
+        (1, "squeue: error: Failed while looking for jobs", True, True),
+        (1, "slurm_update error: Zero Bytes were transmitted or received", True, True),
+        (-1, "timed out after 30s", True, True),
+        (1, "sbatch: error: Slurm temporarily unable to accept job, sleeping", False, True),
+        (1, "slurm_update error: Invalid user id", False, False),
+        (1, "Requested operation is presently disabled for job 7", False, False),
+        (1, "slurm_requeue error: Job is pending execution", False, False),
+        (1, "", False, False),
+    ],
+)
+def test_unreachable_and_retryable_are_read_from_one_table(
+    rc: int, stderr: str, away: bool, again: bool
+) -> None:
+    exc = SlurmCommandError(["scontrol"], rc, stderr)
+    assert (records.unreachable(exc), records.retryable(exc)) == (away, again)

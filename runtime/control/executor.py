@@ -31,25 +31,12 @@ from slurm.backend import DRAIN_PREFIX, SlurmBackend, SlurmCommandError
 from slurm.drain_request import DrainRequest
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.privileges import DrainMode, lacks_rights
-from slurm.records import lead_record, unreachable
+from slurm.records import lead_record, retryable, unreachable
 
 log = logging.getLogger("fthsdp.coordinator")
 
 #: Records one attempt at a journaled action: (action id, outcome, detail), once durable.
 AttemptRecorder = Callable[[int, str, str], Awaitable[None]]
-
-#: Failures worth retrying: Slurm busy or restarting, a command that timed out.
-_RETRYABLE = (
-    "Unable to contact",
-    "Socket timed out",
-    "Connection refused",
-    "temporarily",
-    "timed out",
-)
-
-
-def retryable(exc: SlurmCommandError) -> bool:
-    return exc.returncode == -1 or any(t in exc.stderr for t in _RETRYABLE)
 
 
 def drain_request(action: Drain, seq: int) -> DrainRequest:

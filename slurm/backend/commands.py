@@ -32,6 +32,7 @@ from slurm.records import (
     SlurmOutputError,
     SlurmVersion,
     check_node_name,
+    retryable,
 )
 
 #: Seconds after `release` at which a requeued job may start (see `CommandBackend.release`).
@@ -80,7 +81,7 @@ class CommandBackend:
                 if r.returncode == 0:
                     return r.stdout
                 last = SlurmCommandError(argv, r.returncode, r.stderr or r.stdout)
-                if not _retryable(last.stderr):
+                if not retryable(last):
                     raise last
             if attempt + 1 < attempts:
                 delay = self.backoff * (2**attempt)
@@ -335,20 +336,6 @@ class CommandBackend:
 def _check_our_reason(reason: object) -> None:
     if not isinstance(reason, str) or not reason.startswith(DRAIN_PREFIX) or "\n" in reason:
         raise InputError("reason", reason, f"one line starting with {DRAIN_PREFIX!r}")
-
-
-_RETRYABLE = (
-    "Unable to contact slurm controller",
-    "Socket timed out",
-    "Connection refused",
-    "Zero Bytes were transmitted",
-    "Slurm temporarily unable",
-    "timed out",
-)
-
-
-def _retryable(stderr: str) -> bool:
-    return any(t in stderr for t in _RETRYABLE)
 
 
 def filter_jobs(jobs: list[JobInfo], ids: Iterable[str], name: str | None) -> list[JobInfo]:

@@ -1,0 +1,186 @@
+"""`make test`'s long part: the host's slow tier and the release matrix, side by side.
+
+Both are dominated by waits on dev clusters and multi-process training, not by CPU, so running
+the host's `slurm or slow` tests beside the other releases' slurm tests (one release after the
+other) cuts the wall time of `make test` by about the matrix's length (docs/benchmarks.md).
+The host tier streams to the terminal; the matrix writes to a log that is printed when it ends,
+so the two pytest progress lines never interleave. `--serial` runs them one after the other.
+
+On SIGINT or SIGTERM every part gets SIGINT (pytest's KeyboardInterrupt runs the fixtures'
+teardown, which stops their dev clusters), then SIGKILL after a grace. Each part runs in its own
+process group with SIGINT at its default, even when `make` itself was started with it ignored
+(a background job of a non-interactive shell), so that the tests' own SIGINTs reach their
+children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+GRACE_S = 120.0
+
+
+@dataclass
+class Part:
+    """One pytest run (or a release's `make test-slurm`) of the tier."""
+
+    name: str
+    argv: list[str]
+    log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    took_s: float = 0.0
+    rc: int | None = None
+    out: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        print(f"== {self.name}: {' '.join(self.argv)}", flush=True)
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            self.out = self.log.open("ab")
+            print(f"   (its output goes to {self.log}, printed when it ends)", flush=True)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self.out,
+            stderr=subprocess.STDOUT if self.out is not None else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
+
+    def poll(self) -> bool:
+        """True once the part has ended (and records how)."""
+        if self.proc is None or self.rc is not None:
+            return self.rc is not None
+        rc = self.proc.poll()
+        if rc is None:
+            return False
+        self.rc, self.took_s = rc, time.monotonic() - self.started
+        if self.out is not None:
+            self.out.close()
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.rc is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _matrix_parts(make: str, others: Sequence[str], log: Path) -> list[Part]:
+    return [
+        Part(
+            f"slurm-marked tests on Slurm {version}",
+            [
+                make,
+                "--no-print-directory",
+                "test-slurm",
+                f"VERSION={version}",
+                "MARKS=slurm and not one_release",
+            ],
+            log=log,
+        )
+        for version in others
+    ]
+
+
+def _other_releases(python: str) -> list[str]:
+    r = subprocess.run(
+        [python, "-m", "slurm.release_chroot", "others"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"slow_tiers: `slurm.release_chroot others` failed: {r.stderr.strip()}")
+    return r.stdout.split()
+
+
+def run(lanes: list[list[Part]]) -> int:
+    """Run each lane's parts in order, the lanes beside each other; rc 0 only if all passed."""
+    stopping = False
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        if not stopping:
+            print(f"slow_tiers: signal {signum}: stopping every part", file=sys.stderr, flush=True)
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    parts = [part for lane in lanes for part in lane]
+    pending = [list(lane) for lane in lanes]
+    current: list[Part | None] = [None] * len(lanes)
+    kill_at: float | None = None
+    while any(pending) or any(c is not None for c in current):
+        if stopping and kill_at is None:
+            pending = [[] for _ in lanes]
+            for live in filter(None, current):
+                live.signal_group(signal.SIGINT)
+            kill_at = time.monotonic() + GRACE_S
+        if kill_at is not None and time.monotonic() > kill_at:
+            for live in filter(None, current):
+                live.signal_group(signal.SIGKILL)
+        for i, part in enumerate(current):
+            if part is not None and part.poll():
+                _report_end(part)
+                current[i] = None
+            if current[i] is None and pending[i]:
+                nxt = pending[i].pop(0)
+                nxt.start()
+                current[i] = nxt
+        time.sleep(0.5)
+    for done in parts:
+        state = f"rc {done.rc} in {done.took_s / 60:.1f} min" if done.rc is not None else "not run"
+        print(f"== {done.name}: {state}", flush=True)
+    if stopping:
+        return 130
+    return 0 if all(done.rc == 0 for done in parts) else 1
+
+
+def _report_end(part: Part) -> None:
+    if part.log is not None and part.log.exists():
+        print(f"== {part.name} ended (rc {part.rc}); its output:", flush=True)
+        sys.stdout.flush()
+        with part.log.open("rb") as f:
+            sys.stdout.buffer.write(f.read())
+        sys.stdout.buffer.flush()
+        part.log.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", required=True, help="the venv's interpreter")
+    p.add_argument("--make", default=os.environ.get("MAKE", "make"))
+    p.add_argument("--log-dir", type=Path, default=Path("build/test-logs"))
+    p.add_argument("--serial", action="store_true", help="one part after the other")
+    a = p.parse_args(argv)
+    host = Part(
+        "slurm and slow tests on the host",
+        [a.python, "-m", "pytest", "-m", "slurm or slow", "--durations=15"],
+    )
+    matrix: list[Part] = []
+    if os.geteuid() != 0:
+        print("not root: skipping the Slurm release matrix", flush=True)
+    else:
+        matrix = _matrix_parts(a.make, _other_releases(a.python), a.log_dir / "matrix.log")
+    return run([[host, *matrix]] if a.serial else [[host], matrix])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
