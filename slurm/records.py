@@ -48,9 +48,10 @@ UNREACHABLE_SIGNS = (
     "Failed while looking for jobs",
 )
 
-#: What slurmctld says when it was asked but is too busy to answer now ("Slurm temporarily
-#: unable to accept job, sleeping and retrying", "Resource temporarily unavailable").
-BUSY_SIGNS = ("temporarily",)
+#: What slurmctld says when it was asked but cannot answer now: busy ("Slurm temporarily unable
+#: to accept job", "Resource temporarily unavailable"), or an RPC answered by a slurmctld in the
+#: middle of a restart (SLURM_UNEXPECTED_MSG_ERROR, seen on `scontrol update JobId=..` then).
+BUSY_SIGNS = ("temporarily", "Unexpected message received")
 
 
 def unreachable(exc: SlurmCommandError) -> bool:

@@ -72,6 +72,7 @@ def test_anything_but_one_node_name_is_refused(value: object) -> None:
         (1, "slurm_update error: Zero Bytes were transmitted or received", True, True),
         (-1, "timed out after 30s", True, True),
         (1, "sbatch: error: Slurm temporarily unable to accept job, sleeping", False, True),
+        (1, "slurm_update error: Unexpected message received for job 12", False, True),
         (1, "slurm_update error: Invalid user id", False, False),
         (1, "Requested operation is presently disabled for job 7", False, False),
         (1, "slurm_requeue error: Job is pending execution", False, False),
