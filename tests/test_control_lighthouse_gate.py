@@ -26,11 +26,13 @@ from pathlib import Path
 import pytest
 
 from runtime.control.lighthouse_gate import (
+    GATE_COUNTERS,
     MAGIC,
     NONCE_BYTES,
     ForwarderThread,
     GateLimits,
     GateRefused,
+    GateStats,
     LighthouseForwarder,
     LighthouseGate,
     client_handshake,
@@ -285,8 +287,9 @@ def test_the_forwarder_drops_another_users_connection() -> None:
 def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back_on_it(
     tmp_path: Path,
 ) -> None:
-    """The control job's gate runs in a child process: a taken port gives way to a free one, and
-    a gate that dies is started again on the port the replicas know."""
+    """The control job's gate runs in a child process: a taken port gives way to a free one, a
+    gate that dies is started again on the port the replicas know, and its parent reads its
+    counters across the restart."""
     from runtime.control.service import GateProcess, supervise
 
     secret = tmp_path / "secret"
@@ -300,6 +303,21 @@ def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back
         got = await reader.read(100)
         writer.close()
         return got
+
+    async def stranger(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _until_closed(reader, 5.0)
+
+    async def counted(gate: GateProcess, want: dict[str, int]) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            counts = gate.stats()["counts"]
+            if all(counts[k] >= v for k, v in want.items()):
+                assert all(counts[k] == v for k, v in want.items()), counts
+                return
+            assert time.monotonic() < deadline, counts
+            await asyncio.sleep(0.05)
 
     async def main() -> None:
         echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
@@ -315,6 +333,8 @@ def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back
         try:
             assert gate.port != busy
             assert await through(gate.port) == b"echo:x"
+            await stranger(gate.port)
+            await counted(gate, {"authenticated": 1, "refused_malformed": 1})
             assert gate.proc is not None
             gate.proc.kill()
             while gate.restarts < 1:
@@ -327,6 +347,10 @@ def test_the_gate_process_takes_a_free_port_when_its_own_is_taken_and_comes_back
                 except (OSError, asyncio.IncompleteReadError):
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.1)
+            # The counters add up over both processes (they are counters on /metrics).
+            await stranger(gate.port)
+            await counted(gate, {"authenticated": 2, "refused_malformed": 2})
+            assert gate.stats()["restarts"] == 1
         finally:
             watcher.cancel()
             await loop.run_in_executor(None, gate.stop)
@@ -510,4 +534,40 @@ def test_replicas_train_through_the_gate_and_a_stranger_cannot_list_or_kill(
                 p.wait(30)
         for f in forwarders:
             f.stop()
-    assert json.loads((run_dir / "control.json").read_text())["lighthouse"] == gate
+    control = json.loads((run_dir / "control.json").read_text())
+    assert control["lighthouse"] == gate
+    # The gate's refusals are on the coordinator's /metrics: the stranger's listing and kills
+    # (malformed handshakes) and the 200 half-open connections (timed out, closed or evicted).
+    with urllib.request.urlopen(control["coordinator"] + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    outcome = re.compile(r'^fthsdp_lighthouse_gate_connections_total\{outcome="(\w+)"\} (\S+)$')
+    counts = {m[1]: float(m[2]) for line in text.splitlines() if (m := outcome.match(line))}
+    assert counts["refused_malformed"] >= 1 + len(ids), text
+    assert counts["authenticated"] >= 2, text
+    assert sum(counts[k] for k in ("timed_out", "closed_early", "evicted")) >= 200, text
+
+
+NONE_COUNTED = dict.fromkeys(GATE_COUNTERS, 0)
+
+
+@pytest.mark.parametrize(
+    ("line", "ok"),
+    [
+        (
+            GateStats(counts={**dict.fromkeys(GATE_COUNTERS, 0), "evicted": 3}, open=2).to_line(),
+            True,
+        ),
+        ("4242", False),  # the port line
+        ("not json", False),
+        ('{"counts": {"accepted": 1}, "open": 0}', False),  # not the fixed set
+        (json.dumps({"counts": dict.fromkeys(GATE_COUNTERS, -1), "open": 0}), False),
+        (json.dumps({"counts": dict.fromkeys(GATE_COUNTERS, True), "open": 0}), False),
+        (json.dumps({"counts": dict.fromkeys(GATE_COUNTERS, 0), "open": "1"}), False),
+        (json.dumps({"counts": {**dict.fromkeys(GATE_COUNTERS, 0), "x": 1}, "open": 0}), False),
+    ],
+)
+def test_the_gate_processs_counter_lines_are_read_strictly(line: str, ok: bool) -> None:
+    stats = GateStats.parse_line(line)
+    assert (stats is not None) is ok
+    if stats is not None:
+        assert stats.counts["evicted"] == 3 and stats.open == 2

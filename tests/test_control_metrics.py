@@ -93,6 +93,23 @@ def test_state_round_trips_through_the_text_format() -> None:
     assert m[("fthsdp_run_drained_nodes", ())] == 1
 
 
+def test_the_lighthouse_gates_counters_are_exported_when_the_control_job_runs_one() -> None:
+    registry = CollectorRegistry()
+    update_metrics(registry, STATE)
+    assert not any(
+        k[0].startswith("fthsdp_lighthouse_gate") for k in scrape(render(registry).decode())
+    )
+    counts = {"authenticated": 3, "refused_bad_mac": 2, "evicted": 40}
+    update_metrics(
+        registry, {**STATE, "lighthouse_gate": {"counts": counts, "open": 3, "restarts": 1}}
+    )
+    m = scrape(render(registry).decode())
+    assert m[("fthsdp_lighthouse_gate_connections_total", (("outcome", "evicted"),))] == 40
+    assert m[("fthsdp_lighthouse_gate_connections_total", (("outcome", "refused_bad_mac"),))] == 2
+    assert m[("fthsdp_lighthouse_gate_open", ())] == 3
+    assert m[("fthsdp_lighthouse_gate_restarts_total", ())] == 1
+
+
 def test_update_replaces_the_snapshot_and_drops_gone_series() -> None:
     registry = CollectorRegistry()
     update_metrics(registry, STATE)

@@ -132,6 +132,8 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = clock()
         self.refusals = Refusals(config.guard.log_every_s)
+        #: The Lighthouse gate's counters, when this process runs one (the control service).
+        self.gate_stats: Callable[[], dict[str, Any]] | None = None
         #: job id -> its nodes as Slurm last listed them (polls and report checks).
         self.allocations: dict[str, tuple[str, ...]] = {}
         #: job id -> its state in Slurm's last answer; None once Slurm no longer lists it.
@@ -352,6 +354,8 @@ class Coordinator:
         data["open_actions"] = len(self.journal.actions(("decided", "started")))
         data["coordinator_started_at"] = self.started_at
         data["refusals"] = self.refusals.snapshot()
+        if self.gate_stats is not None:
+            data["lighthouse_gate"] = self.gate_stats()
         self.stragglers.account(self.state, time.monotonic())
         if self.spares is not None:
             data["spares"] = self.spares.summary()

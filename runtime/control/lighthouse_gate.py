@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import os
 import re
@@ -66,6 +67,8 @@ SERVER_LABEL = b"fthsdp-gate-server\n"
 KEY_ID = re.compile(rb"control|replica-[0-9]{1,6}")
 #: Bytes moved per read when piping.
 CHUNK = 64 * 1024
+#: Seconds between the gate process's counter lines to its parent (only when they changed).
+STATS_EVERY_S = 1.0
 
 
 class GateRefused(ConnectionError):
@@ -177,6 +180,29 @@ class GateStats:
 
     def add(self, name: str) -> None:
         self.counts[name] += 1
+
+    def to_line(self) -> str:
+        """One JSON line, what the gate process prints for its parent (`parse_line`)."""
+        return json.dumps({"counts": self.counts, "open": self.open}, separators=(",", ":"))
+
+    @classmethod
+    def parse_line(cls, line: str) -> GateStats | None:
+        """A line of `to_line`, or None for anything else: only the fixed counter names, each
+        a count (a gate of another version adds nothing unknown to the metrics)."""
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("counts"), dict):
+            return None
+        counts, opened = data["counts"], data.get("open")
+        if set(counts) != set(GATE_COUNTERS) or not isinstance(opened, int) or opened < 0:
+            return None
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values()
+        ):
+            return None
+        return cls(counts={k: counts[k] for k in GATE_COUNTERS}, open=opened)
 
 
 class LighthouseGate:
@@ -471,7 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m runtime.control.lighthouse_gate --bind HOST --port P --upstream-port L
     --secret-file F`: the gate in a process of its own, as the control job runs it, so that
     piping every Manager's heartbeats never takes the coordinator's event loop or its core. It
-    prints the port it listens on as its first line, and stops on SIGTERM. The secret comes
+    prints the port it listens on as its first line, then its counters (`GateStats.to_line`)
+    whenever they changed, at most once a second; it stops on SIGTERM. The secret comes
     from a file: a command line is readable by every user of the node."""
     import argparse
     import signal
@@ -495,7 +522,15 @@ def main(argv: list[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        last = ""
+        while not stop.is_set():
+            line = gate.stats.to_line()
+            if line != last:  # at most one line a second, whatever the traffic
+                with contextlib.suppress(OSError, ValueError):  # the parent stopped reading
+                    print(line, flush=True)
+                last = line
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), STATS_EVERY_S)
         await gate.close()
 
     try:

@@ -209,6 +209,29 @@ def _families(state: Mapping[str, Any]) -> Iterator[Metric]:
         if value is not None:
             refused.add_metric([str(reason)], value)
     yield refused
+    gate = state.get("lighthouse_gate")
+    if isinstance(gate, Mapping):
+        connections = CounterMetricFamily(
+            "fthsdp_lighthouse_gate_connections",
+            "Connections to the Lighthouse gate since the control job started, by outcome "
+            "(authenticated, refused_bad_mac, refused_malformed, timed_out, evicted, ...): "
+            "unauthenticated traffic to the quorum port shows here.",
+            labels=["outcome"],
+        )
+        for outcome, total in sorted((gate.get("counts") or {}).items()):
+            if (value := _number(total)) is not None:
+                connections.add_metric([str(outcome)], value)
+        yield connections
+        opened = GaugeMetricFamily(
+            "fthsdp_lighthouse_gate_open", "Authenticated connections through the gate now."
+        )
+        opened.add_metric([], _number(gate.get("open")) or 0.0)
+        yield opened
+        restarts = CounterMetricFamily(
+            "fthsdp_lighthouse_gate_restarts", "Times the gate's process was started again."
+        )
+        restarts.add_metric([], _number(gate.get("restarts")) or 0.0)
+        yield restarts
 
 
 _COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, RunStateCollector] = (

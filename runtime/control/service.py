@@ -35,12 +35,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -50,7 +51,7 @@ from urllib.parse import urlparse
 
 from runtime.control.auth import SECRET_FILE, ensure_secret
 from runtime.control.http import RunningCoordinator, start_coordinator
-from runtime.control.lighthouse_gate import url
+from runtime.control.lighthouse_gate import GATE_COUNTERS, GateStats, url
 from runtime.control.settings import CoordinatorConfig
 from runtime.net import free_port
 from slurm import contract
@@ -287,7 +288,8 @@ def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
 class GateProcess:
     """The Lighthouse's gate (`runtime.control.lighthouse_gate`) in a child process of its own,
     so that piping the Managers' heartbeats never takes the coordinator's event loop; restarted
-    on the same port when it dies."""
+    on the same port when it dies. A thread per process reads what it prints: its port first,
+    then its counters, which `stats` adds up over every process it started (for `/metrics`)."""
 
     def __init__(
         self, host: str, port: int, upstream_port: int, secret_file: Path, log_path: Path
@@ -299,21 +301,54 @@ class GateProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        self._lock = threading.Lock()
+        #: The counters of the processes that ended, and the latest of the running one.
+        self._ended: dict[str, int] = dict.fromkeys(GATE_COUNTERS, 0)
+        self._current = GateStats()
+        self._listening: queue.Queue[int | None] = queue.Queue()
 
     @property
     def url(self) -> str:
         return url(self.host, self.port)
 
     def start(self) -> None:
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()  # a restart: its port line is not read again
+        self._listening = queue.Queue()
         argv = [sys.executable, "-m", "runtime.control.lighthouse_gate", "--bind", self.host]
         argv += ["--port", str(self.port), "--upstream-port", str(self.upstream_port)]
         argv += ["--secret-file", str(self.secret_file)]
-        with open(self.log_path, "ab") as out:
+        with self._lock, open(self.log_path, "ab") as out:
+            for k, v in self._current.counts.items():
+                self._ended[k] += v
+            self._current = GateStats()
             self.proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=out, start_new_session=True
             )
+        threading.Thread(
+            target=self._read, args=(self.proc, self._listening), daemon=True, name="gate-out"
+        ).start()
+
+    def _read(self, proc: subprocess.Popen[bytes], listening: queue.Queue[int | None]) -> None:
+        """Read one process's output to its end (a gate blocked on a full pipe stops serving)."""
+        assert proc.stdout is not None
+        first = True
+        with proc.stdout:
+            for raw in proc.stdout:
+                text = raw.decode("ascii", "replace").strip()
+                if first:
+                    listening.put(int(text) if text.isdigit() else None)
+                    first = False
+                elif (stats := GateStats.parse_line(text)) is not None:
+                    with self._lock:
+                        if proc is self.proc:
+                            self._current = stats
+        if first:
+            listening.put(None)
+
+    def stats(self) -> dict[str, Any]:
+        """Every process's counters added up, and the authenticated connections open now."""
+        with self._lock:
+            counts = {k: self._ended[k] + self._current.counts[k] for k in GATE_COUNTERS}
+            return {"counts": counts, "open": self._current.open, "restarts": self.restarts}
 
     def start_and_wait(self, timeout_s: float = 60.0) -> None:
         """Start it, on `port` then (when that is taken) on a free one, and wait for the port it
@@ -333,13 +368,10 @@ class GateProcess:
         )
 
     def _read_port(self, timeout_s: float) -> int | None:
-        proc = self.proc
-        assert proc is not None and proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        line = proc.stdout.readline() if ready else b""
-        proc.stdout.close()
-        text = line.decode("ascii", "replace").strip()
-        return int(text) if text.isdigit() else None
+        try:
+            return self._listening.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
 
     def stop(self) -> None:
         stop_group(self.proc)
@@ -426,6 +458,8 @@ async def serve(
                 f"the coordinator cannot listen on {url(coordinator.host, coordinator.port)}: "
                 f"{exc.strerror or exc}"
             ) from None
+        if gate is not None:
+            running.coordinator.gate_stats = gate.stats
         info: dict[str, object] = {
             "coordinator": running.url,
             "lighthouse": gate.url if gate else None,
