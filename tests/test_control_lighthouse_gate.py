@@ -25,19 +25,17 @@ from pathlib import Path
 
 import pytest
 
+from runtime.control.lighthouse_forwarder import ForwarderThread, LighthouseForwarder, peer_uid
 from runtime.control.lighthouse_gate import (
     GATE_COUNTERS,
     MAGIC,
     NONCE_BYTES,
-    ForwarderThread,
     GateLimits,
     GateRefused,
     GateStats,
-    LighthouseForwarder,
     LighthouseGate,
     client_handshake,
     host_port,
-    peer_uid,
 )
 from runtime.protocol import replica_key_id
 

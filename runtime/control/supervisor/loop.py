@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from runtime.control.lighthouse_gate import ForwarderThread, LighthouseForwarder
+from runtime.control.lighthouse_forwarder import ForwarderThread, LighthouseForwarder
 from runtime.control.supervisor.config import SupervisorConfig
 from runtime.control.supervisor.control_plane import (
     ControlJobWatch,
