@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import user_harness
 from rich.console import Console
 
 from fthsdp_cli.commands.status import (
@@ -227,42 +228,33 @@ def test_status_with_slurmctld_down_says_so_and_exits_3(
 
 
 @pytest.fixture
-def sleeping_run(
-    slurm_cluster: devcluster.DevClusterConfig, tmp_path: Path
-) -> Iterator[tuple[Path, dict[str, str]]]:
-    """A run dir whose one replica is a real `sleep` job on the session's dev cluster."""
-    env = {**os.environ, "SLURM_CONF": str(slurm_cluster.conf_path)}
-    env.pop("FTHSDP_DEBUG", None)
-    job = subprocess.run(
-        ["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
+def sleeping_run(site_user: user_harness.SiteUser) -> Iterator[Path]:
+    """A run dir of the job user's whose one replica is their real `sleep` job on the session's
+    dev cluster."""
+    r = site_user.run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "sleep 300"])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
     try:
-        run = tmp_path / "run"
-        run.mkdir()
+        run = site_user.folder("run")
         rep = {"role": "replica", "job_id": job, "job_name": "t-r00", "script": "r", "replica": 0}
         record = {"name": "t", "run_dir": str(run), "submitted_at": 1.0, "control": None}
-        (run / "jobs.json").write_text(json.dumps({**record, "replicas": [rep]}))
-        yield run, env
+        site_user.write(run / "jobs.json", json.dumps({**record, "replicas": [rep]}))
+        yield run
     finally:
-        subprocess.run(["scancel", job], env=env, timeout=60, check=False)
+        site_user.run(["scancel", job], timeout=60)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
 def test_watch_json_into_a_pipe_is_json_lines_only(
-    sleeping_run: tuple[Path, dict[str, str]],
+    site_user: user_harness.SiteUser, sleeping_run: Path
 ) -> None:
-    run, env = sleeping_run
-    args = ["status", str(run), "--watch", "--json", "--interval", "0.5"]
+    """`fthsdp status --watch --json` as the job user, on their own job, until their SIGINT."""
+    args = ["status", str(sleeping_run), "--watch", "--json", "--interval", "0.5"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp_cli", *args],
-        env=env,
-        cwd=ROOT,
+        user_harness.user_argv(site_user.user, [str(site_user.prefix / "bin" / "fthsdp"), *args]),
+        env=site_user.env,
+        cwd=site_user.home,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

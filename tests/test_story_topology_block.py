@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import hostlist
 import pytest
+import user_harness
 
 from slurm import devcluster
 from slurm.devcluster.daemons import binary
@@ -140,15 +143,43 @@ def cluster(site_dir: Path) -> Iterator[Callable[..., devcluster.DevClusterConfi
             devcluster.down(cfg)
 
 
-def _sh(cfg: devcluster.DevClusterConfig, *argv: str) -> str:
-    r = subprocess.run(list(argv), env=cfg.env(), capture_output=True, text=True, timeout=30)
+@dataclass(frozen=True)
+class Account:
+    """A job user and their own folder: the replicas are submitted as the job user, the
+    fillers that keep nodes busy as another user, as on a shared site."""
+
+    user: str
+    home: Path
+
+    def own(self, *paths: Path) -> None:
+        entry = pwd.getpwnam(self.user)
+        for path in paths:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+@pytest.fixture()
+def accounts(job_users: tuple[str, str], user_base: Path) -> tuple[Account, Account]:
+    """(the job user, another user), each with a folder of their own."""
+    user, other = job_users
+    return (
+        Account(user, user_harness.user_folder(user_base, user, "home-user")),
+        Account(other, user_harness.user_folder(user_base, other, "home-other")),
+    )
+
+
+def _sh(cfg: devcluster.DevClusterConfig, *argv: str, by: Account | None = None) -> str:
+    if by is None:
+        r = subprocess.run(list(argv), env=cfg.env(), capture_output=True, text=True, timeout=30)
+    else:
+        env = user_harness.user_env(by.user, by.home, {"SLURM_CONF": str(cfg.conf_path)})
+        r = user_harness.as_user(by.user, argv, env, by.home, timeout=30)
     assert r.returncode == 0, f"{' '.join(argv)}: {r.stderr.strip()}"
     return r.stdout.strip()
 
 
-def _sbatch(cfg: devcluster.DevClusterConfig, script: Path | None, *args: str) -> str:
+def _sbatch(cfg: devcluster.DevClusterConfig, by: Account, script: Path | None, *args: str) -> str:
     argv = ["sbatch", "--parsable", *args] + ([str(script)] if script else [])
-    return _sh(cfg, *argv).split(";")[0]
+    return _sh(cfg, *argv, by=by).split(";")[0]
 
 
 def _job(cfg: devcluster.DevClusterConfig, job_id: str) -> tuple[str, str, str]:
@@ -167,15 +198,20 @@ def _wait(what: str, predicate: Callable[[], bool]) -> None:
     raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
 
 
-def _replica_jobs(spec: JobSpec, folder: Path) -> list[Path]:
+def _replica_jobs(spec: JobSpec, by: Account) -> list[Path]:
     """The rendered replica scripts with their `#SBATCH` header kept verbatim and the body
-    replaced by a sleep (placement is decided by the header alone)."""
+    replaced by a sleep (placement is decided by the header alone), in the user's run folder."""
     paths = []
+    run_dir = Path(spec.job.run_dir)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True)
+    by.own(run_dir, logs)
     for k in range(spec.replicas.count):
         lines = render_replica(spec, k).text.splitlines()
         header = [lines[0]] + [line for line in lines[1:] if line.startswith("#SBATCH ")]
-        path = folder / f"replica-{k}.sbatch"
+        path = run_dir / f"replica-{k}.sbatch"
         path.write_text("\n".join([*header, "sleep 600", ""]))
+        by.own(path)
         paths.append(path)
     return paths
 
@@ -190,9 +226,9 @@ def _blocks(cfg: devcluster.DevClusterConfig) -> list[set[str]]:
     return out
 
 
-def _fill(cfg: devcluster.DevClusterConfig, node: str) -> str:
+def _fill(cfg: devcluster.DevClusterConfig, by: Account, node: str) -> str:
     job = _sbatch(
-        cfg, None, "-w", node, "-N1", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"
+        cfg, by, None, "-w", node, "-N1", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"
     )
     _wait(f"filler on {node}", lambda: _job(cfg, job)[0] == "RUNNING")
     return job
@@ -213,7 +249,9 @@ def _fthsdp(cfg: devcluster.DevClusterConfig, *args: str) -> subprocess.Complete
 @pytest.mark.slurm
 @pytest.mark.parametrize("segment", [None, 2])
 def test_each_replica_lands_inside_one_block(
-    cluster: Callable[..., devcluster.DevClusterConfig], tmp_path: Path, segment: int | None
+    cluster: Callable[..., devcluster.DevClusterConfig],
+    accounts: tuple[Account, Account],
+    segment: int | None,
 ) -> None:
     """node1 and node4 busy leaves node2 + node3 idle, one in each block: a 2-node replica
     must wait rather than span blocks, then take a whole block each; with `segment = 2` and
@@ -222,16 +260,16 @@ def test_each_replica_lands_inside_one_block(
     cfg = cluster("block")
     blocks = _blocks(cfg)
     assert blocks == [{"node1", "node2"}, {"node3", "node4"}]
+    user, other = accounts
     asked = {} if segment is None else {"segment": segment}
     spec = _spec(
-        str(tmp_path / "run"), nodes=2, gpus_per_node=1, topology="block", exclusive=True, **asked
+        str(user.home / "run"), nodes=2, gpus_per_node=1, topology="block", exclusive=True, **asked
     )
-    (tmp_path / "run" / "logs").mkdir(parents=True)
-    scripts = _replica_jobs(spec, tmp_path)
+    scripts = _replica_jobs(spec, user)
     lines = [x for x in scripts[0].read_text().splitlines() if x.startswith("#SBATCH --segment")]
     assert lines == ([] if segment is None else [f"#SBATCH --segment={segment}"])
-    fill1, fill4 = _fill(cfg, "node1"), _fill(cfg, "node4")
-    replicas = [_sbatch(cfg, s) for s in scripts]
+    fill1, fill4 = _fill(cfg, other, "node1"), _fill(cfg, other, "node4")
+    replicas = [_sbatch(cfg, user, s) for s in scripts]
     # The reason slurmctld gives once it has tried and found no block: 24.11 says Resources,
     # 26.05 "No suitable topology unit found"; the replica queued behind it waits on Priority.
     _wait(
@@ -241,9 +279,9 @@ def test_each_replica_lands_inside_one_block(
     assert _job(cfg, replicas[1])[0] == "PENDING"
     idle = _sh(cfg, "sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split()
     assert sorted(idle) == ["node2", "node3"]
-    _sh(cfg, "scancel", fill4)
+    _sh(cfg, "scancel", fill4, by=other)
     _wait("replica 0 running", lambda: _job(cfg, replicas[0])[0] == "RUNNING")
-    _sh(cfg, "scancel", fill1)
+    _sh(cfg, "scancel", fill1, by=other)
     _wait("replica 1 running", lambda: _job(cfg, replicas[1])[0] == "RUNNING")
     placed = [set(hostlist.expand_hostlist(_job(cfg, j)[1])) for j in replicas]
     assert placed == [{"node3", "node4"}, {"node1", "node2"}]
@@ -252,7 +290,7 @@ def test_each_replica_lands_inside_one_block(
 
 @pytest.mark.slurm
 def test_without_block_topology_the_same_replica_spans_switches(
-    cluster: Callable[..., devcluster.DevClusterConfig], tmp_path: Path
+    cluster: Callable[..., devcluster.DevClusterConfig], accounts: tuple[Account, Account]
 ) -> None:
     """The control for the test above: under topology/tree, with no `switches`, the same 2-node
     replica starts at once on node2 + node3, across two leaf switches."""
@@ -260,11 +298,11 @@ def test_without_block_topology_the_same_replica_spans_switches(
 
     _require_slurm()
     cfg = cluster("tree")
-    spec = _spec(str(tmp_path / "run"), nodes=2, gpus_per_node=1, exclusive=True)
-    (tmp_path / "run" / "logs").mkdir(parents=True)
-    _fill(cfg, "node1")
-    _fill(cfg, "node4")
-    job = _sbatch(cfg, _replica_jobs(spec, tmp_path)[0])
+    user, other = accounts
+    spec = _spec(str(user.home / "run"), nodes=2, gpus_per_node=1, exclusive=True)
+    _fill(cfg, other, "node1")
+    _fill(cfg, other, "node4")
+    job = _sbatch(cfg, user, _replica_jobs(spec, user)[0])
     _wait("the replica running", lambda: _job(cfg, job)[0] == "RUNNING")
     assert set(hostlist.expand_hostlist(_job(cfg, job)[1])) == {"node2", "node3"}
 
@@ -333,18 +371,19 @@ def test_blocks_from_topology_yaml_are_seen_though_topology_plugin_says_tree(
 
 @pytest.mark.slurm
 def test_submit_refuses_block_where_the_cluster_lacks_it(
-    slurm_cluster: devcluster.DevClusterConfig, tmp_path: Path
+    slurm_cluster: devcluster.DevClusterConfig, site_user: user_harness.SiteUser
 ) -> None:
     """On the session's tree cluster: 22.05 lacks the plugin, 24.11+ is not configured for it.
-    Either way one line, exit 2, and nothing queued or written."""
-    spec = tmp_path / "block.toml"
-    run_dir = tmp_path / "run"
-    spec.write_text(
+    Either way one line, exit 2, and nothing queued or written (the job user's submit)."""
+    spec = site_user.home / "block.toml"
+    run_dir = site_user.home / "run"
+    site_user.write(
+        spec,
         f'[job]\nname = "blk"\nrun_dir = "{run_dir}"\n'
-        '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\n[train]\ncommand = "true"\n'
+        '[replicas]\ncount = 2\nnodes = 2\ntopology = "block"\n[train]\ncommand = "true"\n',
     )
     before = _sh(slurm_cluster, "squeue", "-h", "-o", "%i")
-    r = _fthsdp(slurm_cluster, "submit", str(spec))
+    r = site_user.fthsdp("submit", str(spec))
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "replicas.topology: got 'block'; " in lines[0], lines
