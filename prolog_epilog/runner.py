@@ -128,6 +128,9 @@ def run_checks(
     suite_deadline = start + budget
     state = StateStore(cfg.path("state_dir"))
     results: dict[str, CheckResult] = {}
+    # A check whose tools were killed at its deadline still finishes its thread (the tool exits
+    # -9); the timeout it was given is the verdict, so that late result never replaces it.
+    timed_out: dict[str, CheckResult] = {}
     threads: list[tuple[str, threading.Thread, float, float]] = []
 
     for name in names:
@@ -167,11 +170,11 @@ def run_checks(
             if thread.ident is not None:
                 kill_tools(thread.ident)
             waited = min(timeout, budget)
-            results[name] = CheckResult(
+            timed_out[name] = CheckResult(
                 name, "error", f"timed out after {waited:g}s", "timed out", time.monotonic() - start
             )
             log.error("check %s timed out after %gs", name, waited)
-    ordered = [results[n] for n in names]
+    ordered = [timed_out.get(n) or results[n] for n in names]
     healthy, reason = verdict(ordered, cfg.general["on_error"])
     return SuiteResult(
         ordered,

@@ -88,3 +88,35 @@ def test_crashing_check_becomes_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(disk, "run", boom)
     res = run_checks(["disk"], with_general(load_config(), state_dir=str(tmp_path)))
     assert res.checks[0].status == "error" and res.checks[0].detail == "RuntimeError: deep"
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_check_that_finishes_late_stays_timed_out(tmp_path, monkeypatch):
+    # The race a loaded machine hits: the killed tool's check thread writes its own result
+    # ("exited -9") after the runner recorded the timeout. Here the runner's log line, written
+    # just after that record, waits until the check thread has finished.
+    import logging
+    import threading
+
+    from prolog_epilog import runner
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nsleep 1000 &\nwait\n")
+    fake.chmod(0o755)
+
+    class WaitForChecks(logging.LoggerAdapter):
+        def error(self, *args: object, **kw: object) -> None:
+            for t in threading.enumerate():
+                if t.name.startswith("check-"):
+                    t.join(10)
+
+    monkeypatch.setattr(runner, "log", WaitForChecks(runner.log, {}))
+    cfg = with_general(
+        load_config(),
+        nvidia_smi=str(fake),
+        gpu_source="nvidia-smi",
+        total_budget_s=0.5,
+        state_dir=str(tmp_path / "st"),
+    )
+    ecc = run_checks(["ecc"], cfg).by_name()["ecc"]
+    assert (ecc.status, ecc.detail) == ("error", "timed out after 0.5s")
