@@ -17,6 +17,8 @@ end, and fatal report -> Slurm requeue call. Target: p99 < 100 ms at 1,000 repor
 machine, no report lost.
 
     python benchmarks/control_load.py [--repeat 5] [--replicas 1000] [--window 10]
+
+`CONTROL_LOAD_PROFILE=FILE` runs the coordinator under cProfile and writes its stats to FILE.
 """
 
 from __future__ import annotations
@@ -437,7 +439,16 @@ def main() -> int:
     steady, repeats = args.replicas, args.repeat
     total = steady + 2 * BURST * repeats
     if args.serve:
-        asyncio.run(serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"])))
+        served = serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"]))
+        profile_to = os.environ.get("CONTROL_LOAD_PROFILE")
+        if not profile_to:
+            asyncio.run(served)
+            return 0
+        import cProfile  # where the coordinator's time per report goes (`pstats` reads it)
+
+        with cProfile.Profile() as prof:
+            asyncio.run(served)
+        prof.dump_stats(profile_to)
         return 0
     import resource
 
