@@ -14,8 +14,7 @@ is checked without Slurm.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,12 @@ from typing import Any
 import pytest
 from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
 from cpu_load import cpu_burners
+from user_harness import SiteUser
 
 from prolog_epilog import dev_health
 from runtime.control.inject import inject
-from runtime.control.journal.store import Journal
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
-from slurm.rundir import read_run
 
 
 def _demo() -> Any:
@@ -54,37 +52,32 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
     assert demo.last_line(log_file) == "fthsdp: torchft_lighthouse did not listen on http://h:1"
 
 
-def _evictions(run_dir: Path) -> int:
-    journal = Journal.in_run_dir(run_dir)
-    try:
-        return journal.count_events("StragglerEviction")
-    finally:
-        journal.close()
-
-
 @pytest.mark.slurm
 @pytest.mark.one_release
 @pytest.mark.timeout(1200)
 def test_demo_fault_story_on_a_loaded_machine(
-    slurm_cluster: DevClusterConfig, tmp_path: Path
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
     with health_gated(slurm_cluster) as gated, cpu_burners(2):
-        _story(gated, tmp_path)
+        _story(gated, site_user)
 
 
-def _story(gated: DevClusterConfig, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        TINY_STEP_SLEEP_S="0.1",
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-    )
+def _evictions(env: SiteUser, run_dir: Path) -> int:
+    events = fthsdp(env, "events", str(run_dir), "--json").splitlines()
+    return sum(json.loads(line)["kind"] == "StragglerEviction" for line in events)
+
+
+def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
+    # The shipped spec as the job user submits it from the checkout (its `[train] command` is
+    # relative to there), with the run in the user's own folder.
+    env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
+    run_dir = site_user.home / "run"
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     victim: str | None = None
     sets = ["--set", f"job.run_dir={run_dir}", "--set", "job.name=demo-loaded"]
     try:
-        fthsdp(env, "submit", str(ROOT / "examples" / "demo.toml"), *sets)
+        r = env.fthsdp("submit", str(ROOT / "examples" / "demo.toml"), *sets, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
         before = wait_until(
             env,
             run_dir,
@@ -104,15 +97,14 @@ def _story(gated: DevClusterConfig, tmp_path: Path) -> None:
             "the run to finish",
             trace,
         )
-        assert requeues_in_journal(run_dir) == [(jobs[1], "done")]
-        assert _evictions(run_dir) == 0
+        assert requeues_in_journal(run_dir, env) == [(jobs[1], "done")]
+        assert _evictions(env, run_dir) == 0
         assert final[0]["restarts"] == final[2]["restarts"] == 0
         assert final[1]["restarts"] == 1
         # The control job ends by itself once every replica completed (30 s grace).
         backend = CommandBackend()
-        record = read_run(run_dir)
-        assert record.control is not None
-        control = record.control.job_id
+        status = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
+        (control,) = [str(j["job_id"]) for j in status["jobs"] if j["role"] == "control"]
         deadline = time.monotonic() + 180
         state = ""
         while time.monotonic() < deadline:

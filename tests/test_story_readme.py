@@ -2,8 +2,10 @@
 
 The block is read from README.md, so the test follows the README: every line runs through bash
 as a user would type it, from a scratch folder that holds only `examples/` (so `runs/tiny` is
-the test's own), and must exit 0 (or the code the README documents) with no traceback. What the
-test adds to a line, and why:
+the test's own), and must exit 0 (or the code the README documents) with no traceback. As on a
+site, root runs only the first line (`cluster up`, which the README marks as root's); every
+other line runs as the unprivileged job user with the site install's `fthsdp` first on PATH and
+nothing of root's environment. What the test adds to a line, and why:
 
 - `cluster up` gets free ports (`--port/--slurmd-port`) and a scratch `--dir` (through
   `FTHSDP_CLUSTER_DIR`): the defaults may belong to another cluster on a shared host.
@@ -33,12 +35,12 @@ from typing import Any
 
 import pytest
 from cpu_load import cpu_burners
+from user_harness import BASE_PATH, user_argv, user_env, user_folder
 
 from slurm import devcluster
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-BIN = Path(os.environ.get("VIRTUAL_ENV") or ROOT / ".venv") / "bin"
 STEPS = ["--set", "train.steps=40"]
 TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "GONE", "NODE_FAIL", "OUT_OF_MEMORY"}
 
@@ -76,20 +78,31 @@ def _no_traceback(r: subprocess.CompletedProcess[str], line: str) -> None:
 
 
 class Shell:
-    """Runs README lines through bash in a scratch folder with the venv's `fthsdp` first."""
+    """Runs README lines through bash in the job user's scratch folder with the site install's
+    `fthsdp` first; `as_root` is for the one line the README gives root."""
 
-    def __init__(self, work: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, work: Path, user: str, env: dict[str, str], root_env: dict[str, str]
+    ) -> None:
         self.work = work
+        self.user = user
         self.env = env
+        self.root_env = root_env
+
+    def argv(self, line: str) -> list[str]:
+        return user_argv(self.user, ["bash", "-c", line])
 
     def run(self, line: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self._run(self.argv(line), self.env, line, timeout)
+
+    def as_root(self, line: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self._run(["bash", "-c", line], self.root_env, line, timeout)
+
+    def _run(
+        self, argv: list[str], env: dict[str, str], line: str, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         r = subprocess.run(
-            ["bash", "-c", line],
-            cwd=self.work,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            argv, cwd=self.work, env=env, capture_output=True, text=True, timeout=timeout
         )
         _no_traceback(r, line)
         return r
@@ -116,20 +129,20 @@ def _with(line: str, extra: list[str]) -> str:
 
 
 @pytest.fixture
-def scratch(tmp_path: Path, site_dir: Path) -> Iterator[tuple[Shell, Path]]:
-    work = tmp_path / "work"
-    work.mkdir()
+def scratch(
+    site_dir: Path, job_users: tuple[str, str], site_install: Path, user_base: Path
+) -> Iterator[tuple[Shell, Path]]:
+    user = job_users[0]
+    work = user_folder(user_base, user, "work")
     (work / "examples").symlink_to(ROOT / "examples")
     cluster_dir = site_dir / "cluster"
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "FTHSDP_CLUSTER_DIR": str(cluster_dir),
-    }
+    bin_dir = site_install / "bin"
+    known = {"FTHSDP_CLUSTER_DIR": str(cluster_dir), "PATH": f"{bin_dir}:{BASE_PATH}"}
+    root_env = {**os.environ, **known}
     for key in ("FTHSDP_DEBUG", "SLURM_CONF"):
-        env.pop(key, None)
+        root_env.pop(key, None)
     try:
-        yield Shell(work, env), cluster_dir
+        yield Shell(work, user, user_env(user, work, known), root_env), cluster_dir
     finally:
         if (cluster_dir / devcluster.CONFIG_FILE).exists():
             devcluster.down(devcluster.DevClusterConfig.load(cluster_dir))
@@ -154,7 +167,7 @@ def _run_using_it(sh: Shell, cluster_dir: Path) -> None:
         if words[1:3] == ["cluster", "up"]:
             base = devcluster.free_port_block(6, start=26000 + (os.getpid() % 200) * 10)
             ports = ["--port", str(base), "--slurmd-port", str(base + 1)]
-            r = sh.run(
+            r = sh.as_root(
                 line.replace("fthsdp cluster up", f"fthsdp cluster up {shlex.join(ports)}").split(
                     "#", 1
                 )[0]
@@ -165,6 +178,7 @@ def _run_using_it(sh: Shell, cluster_dir: Path) -> None:
             conf = cluster_dir / "etc" / "slurm.conf"
             assert r.stdout.splitlines()[-1] == f"SLURM_CONF={conf}", r.stdout
             sh.env["SLURM_CONF"] = str(conf)
+            # In another shell, as the user: the README's way to find the running cluster.
             tail = sh.run("fthsdp cluster status | tail -1")
             assert tail.stdout.strip() == f"export SLURM_CONF={conf}", tail.stdout
         elif words[1] == "submit":
@@ -226,7 +240,7 @@ def _run_using_it(sh: Shell, cluster_dir: Path) -> None:
 def _watch_two_snapshots(sh: Shell, line: str) -> None:
     """`status --watch` into a pipe: one snapshot per interval, then SIGINT ends it cleanly."""
     proc = subprocess.Popen(
-        ["bash", "-c", f"exec {line.split('#', 1)[0]}"],
+        sh.argv(f"exec {line.split('#', 1)[0]}"),
         cwd=sh.work,
         env=sh.env,
         stdout=subprocess.PIPE,

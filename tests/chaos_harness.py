@@ -1,0 +1,172 @@
+"""The seeded chaos campaign's pure parts: the fault schedule, and the figures and invariants
+read from what a run left behind (`tests/test_story_chaos.py` drives the dev cluster).
+
+A schedule is a function of its seed alone (`random.Random(seed)`), so a failing seed is
+rerun with `FTHSDP_CHAOS_SEED=N`. Faults come one after another: each strikes `after_steps`
+steps after the previous one was recovered from (every replica training again), except the
+kill of `second`, which strikes a second replica while the first is still recovering.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: What each kind does, and what the run must do about it.
+KINDS: dict[str, str] = {
+    "xid79": "an Xid 79 on the replica's node: drain and requeue that replica only",
+    "kill": "the replica's processes killed, no hardware sign: relaunched in place, no requeue",
+    "down": "power loss of the replica's node: Slurm finds it down, the replica is requeued",
+    "control": "the control job requeued (its coordinator and Lighthouse die): replicas ride on",
+    "slurmctld": "slurmctld stopped and restarted on its saved state: no replica restarts",
+    "second": "an Xid 79, then a kill on another replica while the first is still recovering",
+}
+#: The short campaign `make test` runs: one of each kind that needs no second free node.
+SHORT_KINDS = ("xid79", "kill", "control")
+#: Kinds after which the replica runs on another node (the faulted one is healed afterwards).
+REQUEUES = frozenset({"xid79", "down", "second"})
+#: Of those, the ones whose requeue the coordinator always makes (for a power loss Slurm may
+#: have put the job back in the queue itself before the coordinator's call, found moot then).
+COORDINATOR_REQUEUES = frozenset({"xid79", "second"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the schedule: `kind` on `replica`, `after_steps` steps after the run was
+    last whole (and, for `second`, a kill on `other` while `replica` recovers)."""
+
+    index: int
+    kind: str
+    after_steps: int
+    replica: int
+    other: int | None = None
+
+
+def plan(
+    seed: int,
+    faults: int,
+    kinds: Sequence[str],
+    replicas: int,
+    protected: int | None = None,
+    delay_steps: tuple[int, int] = (10, 40),
+) -> list[Fault]:
+    """`faults` faults drawn from `kinds` (each kind at least once when `faults` allows), each
+    `delay_steps` (a range) after the last recovery; `protected` is never moved off its node
+    (the replica under an administrator's drain).
+    """
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown chaos kinds {unknown}; allowed: {', '.join(KINDS)}")
+    if faults < 1 or not kinds or replicas < 2:
+        raise ValueError("a campaign needs at least one fault, one kind and two replicas")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    while len(order) < faults:
+        order.append(rng.choice(list(kinds)))
+    order = order[:faults]
+    movable = [k for k in range(replicas) if k != protected]
+    out = []
+    for i, kind in enumerate(order):
+        after = rng.randint(*delay_steps)
+        pool = movable if kind in REQUEUES else list(range(replicas))
+        replica = rng.choice(pool)
+        others = [k for k in range(replicas) if k != replica]
+        other = rng.choice(others) if kind == "second" else None
+        out.append(Fault(i, kind, after, replica, other))
+    return out
+
+
+@dataclass
+class Outcome:
+    """What one fault did, as measured: seconds from the fault until the faulted replica (or,
+    for the control plane and slurmctld, every replica) trains again, the healthy replicas'
+    longest stall, and the run's committed step before and after (steps lost)."""
+
+    fault: Fault
+    injected_at: float
+    recovered_s: float | None = None
+    stall_s: float | None = None
+    step_before: int = 0
+    step_low_after: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps_lost(self) -> int:
+        return max(0, self.step_before - self.step_low_after)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "steps_lost": self.steps_lost}
+
+
+Trace = Sequence[tuple[float, Mapping[int, Mapping[str, Any]]]]
+
+
+def stall_s(trace: Trace, start: float, end: float, healthy: Sequence[int]) -> float:
+    """The longest time within [start, end] in which no healthy replica committed a step: the
+    gap between successive rises of their highest step, as the status polls (in time order)
+    saw it, so within one poll interval of the truth."""
+    rises = [start]
+    best = None
+    for t, reps in trace:
+        if t > end:
+            break
+        top = max((reps[k].get("step") or 0) for k in healthy if k in reps)
+        if best is not None and top > best and t >= start:
+            rises.append(t)
+        best = top if best is None else max(best, top)
+    rises.append(end)
+    return max(b - a for a, b in itertools.pairwise(rises))
+
+
+def committed(reps: Mapping[int, Mapping[str, Any]]) -> int:
+    """The run's step: the highest any replica committed (the others catch up to it)."""
+    return max((r.get("step") or 0) for r in reps.values())
+
+
+def unattributed_requeues(
+    requeued_jobs: Sequence[str], faults: Sequence[Fault], jobs: Mapping[int, str]
+) -> list[str]:
+    """Problems with the journal's requeues: every one is of a job that a fault which
+    requeues struck (at most one per such fault), and an Xid's requeue is always there."""
+    least: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for f in faults:
+        if f.kind in REQUEUES:
+            job = jobs[f.replica]
+            most[job] = most.get(job, 0) + 1
+            least[job] = least.get(job, 0) + (f.kind in COORDINATOR_REQUEUES)
+    got: dict[str, int] = {}
+    for job in requeued_jobs:
+        got[job] = got.get(job, 0) + 1
+    problems = []
+    for job in sorted(set(got) | set(least)):
+        n, low, high = got.get(job, 0), least.get(job, 0), most.get(job, 0)
+        if not low <= n <= high:
+            problems.append(
+                f"job {job}: {n} requeue(s) in the journal, faults that requeue it: {low}-{high}"
+            )
+    return problems
+
+
+def figures(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
+    """Per kind: faults injected and survived, median steps lost, stall and time back."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        mine = [o for o in outcomes if o.fault.kind == kind]
+        if not mine:
+            continue
+        back = [o.recovered_s for o in mine if o.recovered_s is not None]
+        stalls = [o.stall_s for o in mine if o.stall_s is not None]
+        out[kind] = {
+            "injected": len(mine),
+            "survived": len(back),
+            "steps_lost": statistics.median([o.steps_lost for o in mine]),
+            "stall_s": statistics.median(stalls) if stalls else None,
+            "recovered_s": statistics.median(back) if back else None,
+        }
+    return out

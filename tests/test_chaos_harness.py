@@ -1,0 +1,121 @@
+"""The chaos campaign's schedule, figures and requeue attribution (`tests/chaos_harness.py`),
+without Slurm."""
+
+from __future__ import annotations
+
+import pytest
+from chaos_harness import (
+    KINDS,
+    REQUEUES,
+    Fault,
+    Outcome,
+    figures,
+    plan,
+    stall_s,
+    unattributed_requeues,
+)
+
+
+def test_a_schedule_is_its_seed_alone() -> None:
+    kinds = list(KINDS)
+    assert plan(7, 8, kinds, 3, protected=0) == plan(7, 8, kinds, 3, protected=0)
+    assert plan(7, 8, kinds, 3, protected=0) != plan(8, 8, kinds, 3, protected=0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_kind_comes_and_the_protected_replica_never_moves(seed: int) -> None:
+    faults = plan(seed, 8, list(KINDS), 3, protected=0, delay_steps=(5, 9))
+    assert {f.kind for f in faults} == set(KINDS)
+    assert [f.index for f in faults] == list(range(8))
+    for f in faults:
+        assert 5 <= f.after_steps <= 9
+        assert 0 <= f.replica < 3
+        if f.kind in REQUEUES:
+            assert f.replica != 0, f
+        if f.kind == "second":
+            assert f.other is not None and f.other != f.replica
+        else:
+            assert f.other is None
+
+
+@pytest.mark.parametrize(
+    ("faults", "kinds", "replicas", "message"),
+    [
+        (3, ["xid79", "meteor"], 3, "unknown chaos kinds ['meteor']"),
+        (0, ["xid79"], 3, "at least one fault"),
+        (2, [], 3, "at least one fault"),
+        (2, ["kill"], 1, "two replicas"),
+    ],
+)  # fmt: skip
+def test_a_bad_schedule_is_refused(
+    faults: int, kinds: list[str], replicas: int, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan(1, faults, kinds, replicas)
+
+
+def _trace(points: list[tuple[float, int, int]]) -> list[tuple[float, dict[int, dict[str, int]]]]:
+    return [(t, {0: {"step": a}, 1: {"step": b}}) for t, a, b in points]
+
+
+@pytest.mark.parametrize(
+    ("points", "start", "end", "healthy", "expected"),
+    [
+        # Steady progress, one poll a second: the stall is one poll interval.
+        ([(0, 1, 1), (1, 2, 2), (2, 3, 3), (3, 4, 4)], 0, 3, [0, 1], 1.0),
+        # Both stopped from t=1 to t=5.
+        ([(0, 1, 1), (1, 2, 2), (3, 2, 2), (5, 3, 3)], 0, 5, [0, 1], 4.0),
+        # One healthy replica moving is progress; the struck one's stop is not the stall.
+        ([(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 4, 1)], 0, 3, [0], 1.0),
+        ([(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 4, 1)], 0, 3, [1], 3.0),
+        # Polls outside the window are not counted; the window's own ends are.
+        ([(-5, 0, 0), (1, 1, 1), (9, 2, 2), (20, 9, 9)], 0, 10, [0, 1], 8.0),
+    ],
+)  # fmt: skip
+def test_the_stall_is_the_longest_time_without_a_new_step(
+    points: list[tuple[float, int, int]],
+    start: float,
+    end: float,
+    healthy: list[int],
+    expected: float,
+) -> None:
+    assert stall_s(_trace(points), start, end, healthy) == expected
+
+
+JOBS = {0: "10", 1: "11", 2: "12"}
+SAID = "requeue(s) in the journal, faults that requeue it:"
+
+
+@pytest.mark.parametrize(
+    ("requeued", "faults", "problems"),
+    [
+        ([], [Fault(0, "kill", 10, 1), Fault(1, "control", 10, 0)], []),
+        (["11"], [Fault(0, "xid79", 10, 1)], []),
+        (["11", "11"], [Fault(0, "xid79", 10, 1), Fault(1, "second", 10, 1, 2)], []),
+        # A power loss may be requeued by Slurm itself: the coordinator's call is then moot.
+        ([], [Fault(0, "down", 10, 2)], []),
+        (["12"], [Fault(0, "down", 10, 2)], []),
+        # An Xid's requeue missing, a requeue nobody asked for, one too many.
+        ([], [Fault(0, "xid79", 10, 1)], [f"job 11: 0 {SAID} 1-1"]),
+        (["10"], [Fault(0, "kill", 10, 0)], [f"job 10: 1 {SAID} 0-0"]),
+        (["11", "11"], [Fault(0, "xid79", 10, 1)], [f"job 11: 2 {SAID} 1-1"]),
+    ],
+)  # fmt: skip
+def test_every_requeue_is_attributed_to_its_fault(
+    requeued: list[str], faults: list[Fault], problems: list[str]
+) -> None:
+    assert unattributed_requeues(requeued, faults, JOBS) == problems
+
+
+def test_figures_per_kind() -> None:
+    outcomes = [
+        Outcome(Fault(0, "xid79", 10, 1), 0.0, 20.0, 1.5, 100, 100),
+        Outcome(Fault(1, "xid79", 10, 2), 0.0, 30.0, 2.5, 200, 198),
+        Outcome(Fault(2, "kill", 10, 1), 0.0, None, None, 300, 300),
+    ]
+    assert figures(outcomes) == {
+        "xid79": {"injected": 2, "survived": 2, "steps_lost": 1.0, "stall_s": 2.0,
+                  "recovered_s": 25.0},
+        "kill": {"injected": 1, "survived": 0, "steps_lost": 0, "stall_s": None,
+                 "recovered_s": None},
+    }  # fmt: skip
