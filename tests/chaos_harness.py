@@ -13,7 +13,7 @@ import itertools
 import random
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 #: What each kind does, and what the run must do about it.
@@ -93,7 +93,6 @@ class Outcome:
     stall_s: float | None = None
     step_before: int = 0
     step_low_after: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def steps_lost(self) -> int:

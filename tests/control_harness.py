@@ -77,6 +77,14 @@ with open(state_path + ".lock", "w") as lock:
 '''
 
 
+def control_info(run_dir: Path) -> dict[str, Any]:
+    """The run's control.json as it stands, or {} while it is missing or being rewritten."""
+    try:
+        return dict(json.loads((run_dir / "control.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def two_replica_config(run_dir: Path, **kw: Any) -> CoordinatorConfig:
     """An in-process coordinator's settings for replicas 0 and 1 (jobs 100 and 101), no polls."""
     return CoordinatorConfig(

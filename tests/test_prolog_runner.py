@@ -34,21 +34,26 @@ def with_general(cfg: HealthConfig, **general: object) -> HealthConfig:
     return HealthConfig(table, cfg.node, cfg.source)
 
 
-@pytest.mark.timeout(30)
-def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
-    # A sleep no other test (or another checkout's run of this one) starts: its own length.
-    hang = f"1000.{os.getpid()}"
+def hung_nvidia_smi(tmp_path: Path, hang: str, budget_s: float) -> HealthConfig:
+    """A config whose nvidia-smi starts `sleep HANG` and waits for it: it never answers."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\nsleep {hang} &\nwait\n")
     fake.chmod(0o755)
-    cfg = with_general(
+    return with_general(
         load_config(),
         nvidia_smi=str(fake),
         gpu_source="nvidia-smi",
-        total_budget_s=1.0,
+        total_budget_s=budget_s,
         state_dir=str(tmp_path / "st"),
     )
+
+
+@pytest.mark.timeout(30)
+def test_hung_nvidia_smi_times_out_and_leaves_no_process(tmp_path):
+    # A sleep no other test (or another checkout's run of this one) starts: its own length.
+    hang = f"1000.{os.getpid()}"
+    cfg = hung_nvidia_smi(tmp_path, hang, 1.0)
     t0 = time.monotonic()
     res = run_checks(["gpu-count", "ecc", "infiniband"], cfg, sysfs_root=FIX / "sysfs" / "healthy")
     elapsed = time.monotonic() - t0
@@ -100,10 +105,6 @@ def test_a_killed_check_that_finishes_late_stays_timed_out(tmp_path, monkeypatch
 
     from prolog_epilog import runner
 
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nsleep 1000 &\nwait\n")
-    fake.chmod(0o755)
-
     class WaitForChecks(logging.LoggerAdapter):
         def error(self, *args: object, **kw: object) -> None:
             for t in threading.enumerate():
@@ -111,12 +112,6 @@ def test_a_killed_check_that_finishes_late_stays_timed_out(tmp_path, monkeypatch
                     t.join(10)
 
     monkeypatch.setattr(runner, "log", WaitForChecks(runner.log, {}))
-    cfg = with_general(
-        load_config(),
-        nvidia_smi=str(fake),
-        gpu_source="nvidia-smi",
-        total_budget_s=0.5,
-        state_dir=str(tmp_path / "st"),
-    )
+    cfg = hung_nvidia_smi(tmp_path, "1000", 0.5)
     ecc = run_checks(["ecc"], cfg).by_name()["ecc"]
     assert (ecc.status, ecc.detail) == ("error", "timed out after 0.5s")

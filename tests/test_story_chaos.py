@@ -21,13 +21,15 @@ After the run finished, whatever the schedule was:
 
 Figures per fault (time until the run is whole again, the healthy replicas' longest stall, the
 steps lost) are printed, and written as JSON to `FTHSDP_CHAOS_OUT` when it is set. A failing
-seed is rerun alone with `FTHSDP_CHAOS_SEED=N pytest tests/test_story_chaos.py`.
+seed is rerun alone with `FTHSDP_CHAOS_SEED=N pytest tests/test_story_chaos.py`;
+`FTHSDP_CHAOS_KEEP=DIR` keeps its run folder and Slurm's view of the jobs and nodes in DIR.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,7 +39,6 @@ from typing import Any
 
 import pytest
 from chaos_harness import (
-    KINDS,
     REQUEUES,
     SHORT_KINDS,
     Fault,
@@ -51,6 +52,7 @@ from chaos_harness import (
 from control_harness import (
     ROOT,
     clean_up,
+    control_info,
     fthsdp,
     health_gated,
     requeues_in_journal,
@@ -97,13 +99,6 @@ def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _control_pid(run_dir: Path) -> object:
-    try:
-        return json.loads((run_dir / "control.json").read_text()).get("pid")
-    except (OSError, ValueError):
-        return None
-
-
 class Campaign:
     """One run under one schedule: the faults, their outcomes, and the checks at the end."""
 
@@ -142,11 +137,25 @@ class Campaign:
         finally:
             self._report()
             ctld.start(self.cfg)
+            self._keep()
             if self.admin_node is not None:
                 _scontrol("update", f"NodeName={self.admin_node}", "State=RESUME")
             for node in sorted(self.broken):
                 self._heal(node, wait=False)
             clean_up(self.env, self.run_dir, self.cfg, None)
+
+    def _keep(self) -> None:
+        """With `FTHSDP_CHAOS_KEEP=DIR`: the run folder and Slurm's view of its jobs and nodes,
+        copied there before the clean-up removes them, to find out why a seed failed."""
+        keep = os.environ.get("FTHSDP_CHAOS_KEEP")
+        if not keep:
+            return
+        dest = Path(keep) / f"seed-{SEED}"
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(self.run_dir, dest / "run", symlinks=True)
+        for name, argv in (("jobs", ["show", "job", "--details"]), ("nodes", ["show", "node"])):
+            (dest / f"scontrol-{name}.txt").write_text(_scontrol(*argv).stdout)
+        (dest / "trace.json").write_text(json.dumps(self.trace, default=str) + "\n")
 
     def _until(self, pred: Callable[[Reps], bool], timeout: float, what: str) -> Reps:
         return wait_until(self.env, self.run_dir, pred, timeout, what, self.trace)
@@ -237,11 +246,11 @@ class Campaign:
 
     def _control_requeue(self, before: Reps, outcome: Outcome) -> None:
         control = self._control_job()
-        pid = _control_pid(self.run_dir)
+        pid = control_info(self.run_dir).get("pid")
         self.backend.requeue(control)
         self.backend.release(control)
         deadline = time.monotonic() + 180
-        while _control_pid(self.run_dir) in (None, pid):
+        while control_info(self.run_dir).get("pid") in (None, pid):
             assert time.monotonic() < deadline, "the requeued control job never came back"
             time.sleep(1)
         self._rising(before, outcome, "the control plane's requeue")
@@ -333,7 +342,3 @@ class Campaign:
         out = os.environ.get("FTHSDP_CHAOS_OUT")
         if out:
             Path(out).write_text(json.dumps(data, indent=2) + "\n")
-
-
-def test_the_kinds_named_are_known() -> None:
-    assert set(CHOSEN) <= set(KINDS), CHOSEN

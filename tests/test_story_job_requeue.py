@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from control_harness import (
     clean_up,
+    control_info,
     fthsdp,
     health_gated,
     journal_actions,
@@ -81,13 +82,6 @@ def test_control_file_names_the_incarnation(tmp_path: Path) -> None:
 def slurm_actions(run_dir: Path, user: SiteUser) -> list[tuple[str, str]]:
     kinds = {kind.__name__ for kind in (Drain, Requeue, Release, Cancel)}
     return [(kind, status) for kind, _, status in journal_actions(run_dir, user) if kind in kinds]
-
-
-def control_info(run_dir: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((run_dir / "control.json").read_text()))
-    except (OSError, ValueError):
-        return {}
 
 
 @pytest.mark.slurm
