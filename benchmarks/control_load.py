@@ -100,7 +100,9 @@ class MemoryBackend:
             self._jobs[job_id] = replace(j, state="PENDING", restarts=j.restarts + 1)
         self._stamp("requeue", job_id)
 
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
         self._stamp("release", job_id)
 
     def cancel(self, job_ids: Iterable[str]) -> None:

@@ -164,6 +164,13 @@ def lead_record(jobs: Iterable[JobInfo], job_id: str) -> JobInfo | None:
     return next((j for j in jobs if j.base_id == job_id and j.het_offset == 0), None)
 
 
+#: Node state flags under which Slurm starts no job there.
+_OUT_OF_SERVICE = frozenset(
+    ("DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "MAINTENANCE",
+     "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN")
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """One node as Slurm reports it; `state` is the base state, `flags` the rest (DRAIN, ...)."""
@@ -181,6 +188,13 @@ class NodeInfo:
     @property
     def drained(self) -> bool:
         return "DRAIN" in self.flags or self.state.lower().startswith("drain")
+
+    @property
+    def in_service(self) -> bool:
+        """Slurm would start a job on it now: up, responding, and neither drained nor failing."""
+        return self.state.lower() in ("idle", "mixed", "allocated", "completing") and not (
+            _OUT_OF_SERVICE.intersection(f.upper() for f in self.flags)
+        )
 
     @property
     def drained_by_us(self) -> bool:

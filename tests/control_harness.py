@@ -165,7 +165,9 @@ class RecordingBackend:
     def requeue(self, job_id: str) -> None:
         self.calls.append(("requeue", job_id))
 
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
         self.calls.append(("release", job_id))
 
     def cancel(self, job_ids: Iterable[str]) -> None:

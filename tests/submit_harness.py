@@ -40,7 +40,9 @@ class RecordingBackend:
         return self._nodes
 
     def requeue(self, job_id: str) -> None: ...
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None: ...
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None: ...
     def drain(self, node: str, reason: str) -> bool:
         return False
 

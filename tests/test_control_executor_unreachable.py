@@ -43,7 +43,9 @@ class FlakySlurm:
         if self.refuse:
             raise SlurmCommandError(["scontrol", "requeue", job_id], 1, self.refuse)
 
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
         self._call("release")
 
     def cancel(self, job_ids: Iterable[str]) -> None:

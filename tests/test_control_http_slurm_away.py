@@ -11,7 +11,7 @@ Slurm never answered for is still not trusted (503).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,9 @@ class AwaySlurm(RecordingBackend):
         self._check("scontrol")
         super().requeue(job_id)
 
-    def release(self, job_id: str, exclude: Iterable[str] = ()) -> None:
+    def release(
+        self, job_id: str, exclude: Iterable[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
         self._check("scontrol")
         super().release(job_id, list(exclude))
 

@@ -4,7 +4,8 @@ The coordinator may not be allowed to drain (a job's owner may not: `slurm.privi
 drain it asks of root's Epilog happens only when the job ends, if the site's policy accepts it.
 So every requeue with a suspect node releases the job with that node in `exclude`, whether or
 not a Drain is decided this time; and each Drain carries the job and the kind of request it
-becomes.
+becomes. The nodes drained under a replica before ride along as `forget`: the backend lets the
+job back on those Slurm shows in service again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from runtime.control.policy import (
     Drain,
     Event,
+    JobObserved,
     Note,
     OperatorRequeue,
     PolicyConfig,
@@ -82,6 +84,36 @@ CASES: list[tuple[str, list[Event], PolicyConfig, list[object]]] = [
             Drain("node2", "fthsdp: fault: boom", 1, "101"),
             Release(1, "101", 0.0, ("node2",)),
             Release(1, "101", 0.0, ("node2",)),
+        ],
+    ),
+    (
+        "a fault on a second node: the first may come back once Slurm has it in service",
+        [
+            *WARM,
+            node_fault(1, 2, 5.0, "node2"),
+            node_fault(1, 1, 9.0, "node4", restarts=1, launch=0, nodes=["node4"]),
+        ],
+        CFG,
+        [
+            Drain("node2", "fthsdp: fault: boom", 1, "101"),
+            Release(1, "101", 0.0, ("node2",)),
+            Drain("node4", "fthsdp: fault: boom", 1, "101"),
+            Release(1, "101", 0.0, ("node4",), ("node2",)),
+        ],
+    ),
+    (
+        "Slurm requeued the job itself (node down): the nodes avoided before may come back",
+        [
+            *WARM,
+            node_fault(1, 2, 5.0, "node2"),
+            JobObserved(1, "101", 1, "RUNNING", 10.0, ("node4",)),
+            JobObserved(1, "101", 2, "PENDING", 20.0),
+        ],
+        CFG,
+        [
+            Drain("node2", "fthsdp: fault: boom", 1, "101"),
+            Release(1, "101", 0.0, ("node2",)),
+            Release(1, "101", forget=("node2",)),
         ],
     ),
     (

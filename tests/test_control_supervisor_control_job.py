@@ -43,7 +43,9 @@ class Slurm:
     def requeue(self, job_id: str) -> None:
         raise NotImplementedError
 
-    def release(self, job_id: str, exclude: Sequence[str] = ()) -> None:
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
         self.released.append(job_id)
 
     def cancel(self, job_ids: Iterable[str]) -> None:

@@ -18,7 +18,7 @@ import pytest
 from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.backend.commands import WAIT_NOTICE_AFTER_S
 from slurm.errors import InputError
-from slurm.records import JobInfo
+from slurm.records import JobInfo, NodeInfo
 
 
 def _script(tmp_path: Path, name: str, body: str) -> str:
@@ -135,3 +135,85 @@ def test_set_comment_refuses_bad_input_before_slurm(job: str, text: str) -> None
     with pytest.raises(InputError):
         backend.set_comment(job, text)
     assert backend.argvs == []
+
+
+class _ExcludeBackend(CommandBackend):
+    """The command backend with a pending job that excludes `excluded`, and nodes in the states
+    given (`None`: the node read fails)."""
+
+    def __init__(self, excluded: str, nodes: dict[str, NodeInfo] | None) -> None:
+        super().__init__()
+        self.argvs: list[list[str]] = []
+        self.excluded = excluded
+        self.node_states = nodes
+
+    def _run(self, argv: Sequence[str], retry: bool = True) -> str:
+        self.argvs.append(list(argv))
+        return ""
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        return [JobInfo(j, "x", "PENDING", "", 1, "", excluded=self.excluded) for j in job_ids]
+
+    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        if self.node_states is None:
+            raise SlurmCommandError(["scontrol", "show", "node"], 1, "Unable to contact")
+        return [self.node_states[n] for n in names]
+
+
+HEALED = NodeInfo("node2", "idle")
+DRAINED = NodeInfo("node2", "idle", ("DRAIN",), "fthsdp: fault: xid")
+DOWN = NodeInfo("node2", "down", ("NOT_RESPONDING",))
+
+
+@pytest.mark.parametrize(
+    ("excluded", "exclude", "forget", "nodes", "expected"),
+    [
+        # healed and resumed by an operator: it may take the job again
+        ("node2", ["node4"], ["node2"], {"node2": HEALED}, "ExcNodeList=node4"),
+        ("node2", [], ["node2"], {"node2": HEALED}, "ExcNodeList="),
+        # still drained or down, or not read: it stays off
+        ("node2", ["node4"], ["node2"], {"node2": DRAINED}, "ExcNodeList=node[2,4]"),
+        ("node2", ["node4"], ["node2"], {"node2": DOWN}, "ExcNodeList=node[2,4]"),
+        ("node2", ["node4"], ["node2"], None, "ExcNodeList=node[2,4]"),
+        # what the job excluded by itself (the spec's) is never in `forget`: it stays
+        ("node[1-2]", ["node4"], ["node2"], {"node2": HEALED}, "ExcNodeList=node[1,4]"),
+        # to keep off now wins over back in service
+        ("node2", ["node2"], ["node2"], {"node2": HEALED}, "ExcNodeList=node2"),
+    ],
+)
+def test_release_forgets_only_nodes_back_in_service(
+    excluded: str,
+    exclude: list[str],
+    forget: list[str],
+    nodes: dict[str, NodeInfo] | None,
+    expected: str,
+) -> None:
+    backend = _ExcludeBackend(excluded, nodes)
+    backend._exclude("12", exclude, forget)
+    updates = [a for a in backend.argvs if any(x.startswith("ExcNodeList=") for x in a)]
+    if expected == f"ExcNodeList={excluded}":
+        assert updates == []  # nothing changes: nothing is sent
+    else:
+        assert updates == [["scontrol", "update", "JobId=12", expected]]
+
+
+@pytest.mark.parametrize(
+    ("node", "in_service"),
+    [
+        (NodeInfo("n", "idle"), True),
+        (NodeInfo("n", "mixed"), True),
+        (NodeInfo("n", "allocated"), True),
+        (NodeInfo("n", "idle", ("DRAIN",)), False),
+        (NodeInfo("n", "allocated", ("DRAIN",)), False),
+        (NodeInfo("n", "idle", ("NOT_RESPONDING",)), False),
+        (NodeInfo("n", "down"), False),
+        (NodeInfo("n", "drained"), False),
+        (NodeInfo("n", "unknown"), False),
+        (NodeInfo("n", "future"), False),
+        (NodeInfo("n", "idle", ("MAINTENANCE",)), False),
+    ],
+)
+def test_a_node_is_in_service_only_when_slurm_would_start_a_job_there(
+    node: NodeInfo, in_service: bool
+) -> None:
+    assert node.in_service is in_service

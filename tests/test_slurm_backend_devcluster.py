@@ -1,5 +1,6 @@
 """The Slurm backend against the real dev cluster, on every release of the matrix: requeue +
-release can move a job off a node without draining it (the straggler's "exclude" eviction mode);
+release can move a job off a node without draining it (the straggler's "exclude" eviction mode)
+and let it back once the node is in service;
 drain and resume touch only fthsdp's own drains and one node at a time; finished jobs stay
 visible."""
 
@@ -44,6 +45,12 @@ def test_release_with_exclude_moves_the_job_and_drains_nothing(
         assert first.nodes in second.excluded
         (node,) = backend.nodes([first.nodes])
         assert not node.drained, node
+        # The node is in service: a release that may forget it clears the job's ExcNodeList.
+        backend.requeue(job_id)
+        backend.release(job_id, forget=[first.nodes])
+        third = _wait_running(backend, job_id)
+        assert third.restarts == 2
+        assert third.excluded == "", third
     finally:
         backend.cancel([job_id])
 

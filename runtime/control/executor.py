@@ -153,7 +153,7 @@ class SlurmExecutor:
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
             # The backend waits for the requeued job to settle back to PENDING first.
-            b.release(action.job_id, exclude=action.exclude)
+            b.release(action.job_id, exclude=action.exclude, forget=action.forget)
             excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
             return ("done", f"eligible now{excluded}")
         if isinstance(action, Cancel):

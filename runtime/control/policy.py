@@ -94,6 +94,11 @@ class ReplicaState:
     handled: Literal["relaunch", "requeue", "out", "exit"] | None = None
     directive: DirectiveKind = "continue"
     directive_delay_s: float = 0.0
+    #: Nodes this run drained (or asked to drain) under the replica and kept off its job. Each
+    #: later release lets Slurm give back those it shows in service again (an operator healed
+    #: and resumed them): a replica that met faults on many nodes of a small cluster would
+    #: otherwise be shut out of it for good.
+    avoided: list[str] = field(default_factory=list)
 
     @property
     def epoch(self) -> tuple[str | None, int, int]:
@@ -107,6 +112,7 @@ class ReplicaState:
         data["nodes"] = list(self.nodes)
         data["incarnations"] = {k: list(v) for k, v in self.incarnations.items()}
         data["failures"] = list(self.failures)
+        data["avoided"] = list(self.avoided)
         return data
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReplicaState:
@@ -118,6 +124,7 @@ class ReplicaState:
         new.nodes = list(self.nodes)
         new.incarnations = {k: list(v) for k, v in self.incarnations.items()}
         new.failures = list(self.failures)
+        new.avoided = list(self.avoided)
         return new
 
 
@@ -266,6 +273,8 @@ class Release:
     delay_s: float = 0.0
     #: Nodes the job must not come back on (a straggler's node in "exclude" mode).
     exclude: tuple[str, ...] = ()
+    #: Nodes kept off the job before that may go back to it, once Slurm shows them in service.
+    forget: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -555,6 +564,8 @@ def _requeue(
         suspect = _drain(state, r, node, check, detail, actions)
         if suspect is not None and suspect not in exclude:
             exclude = (*exclude, suspect)
+        if suspect is not None and suspect not in r.avoided:
+            r.avoided.append(suspect)
     r.handled = "requeue"
     r.requeues += 1
     _directive(r, "requeue", delay, actions)
@@ -562,7 +573,8 @@ def _requeue(
         actions.append(Note(r.replica, "node fault but the job id is unknown: cannot requeue"))
     else:
         actions.append(Requeue(r.replica, r.job_id, r.restarts))
-        actions.append(Release(r.replica, r.job_id, delay, exclude))
+        forget = tuple(n for n in r.avoided if n not in exclude)
+        actions.append(Release(r.replica, r.job_id, delay, exclude, forget))
     _set_phase(r, "requeued", at)
 
 
@@ -595,7 +607,7 @@ def _on_job(state: RunState, ev: JobObserved, actions: list[Action]) -> None:
             r.last_failure = f"slurm requeued the job (restart {ev.restarts})"
             actions.append(Note(r.replica, r.last_failure))
             if slurm_state == "PENDING":
-                actions.append(Release(r.replica, ev.job_id))
+                actions.append(Release(r.replica, ev.job_id, forget=tuple(r.avoided)))
     if r.phase in ("out", "done"):
         if r.phase == "out" and slurm_state in ("PENDING", "RUNNING") and r.handled == "out":
             actions.append(Cancel(r.replica, ev.job_id))
@@ -792,5 +804,6 @@ def action_from_dict(data: dict[str, Any]) -> Action:
         data["epoch"] = tuple(data["epoch"])
     if cls is Release:
         data["exclude"] = tuple(data.get("exclude", ()))
+        data["forget"] = tuple(data.get("forget", ()))
     action: Action = cls(**data)
     return action

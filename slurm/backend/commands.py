@@ -43,6 +43,12 @@ COMMENT_MAX = 1000
 WAIT_NOTICE_AFTER_S = 3.0
 
 
+def next_exclusions(current: Iterable[str], add: Iterable[str], back: Iterable[str]) -> list[str]:
+    """A job's ExcNodeList after a release: what it had, less the nodes that are back in
+    service, plus the nodes to keep off now (which win over `back`)."""
+    return sorted((set(current) - set(back)) | set(add))
+
+
 class CommandBackend:
     """`SlurmBackend` over Slurm's command-line tools (the default; works on any Slurm)."""
 
@@ -136,11 +142,18 @@ class CommandBackend:
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
 
-    def release(self, job_id: str, exclude: Sequence[str] = (), settle: float = 30.0) -> None:
+    def release(
+        self,
+        job_id: str,
+        exclude: Sequence[str] = (),
+        settle: float = 30.0,
+        forget: Sequence[str] = (),
+    ) -> None:
         """Make a requeued job eligible now (docs/design-facts.md, Slurm fact 2: otherwise held back
         ~120 s), keeping it off the nodes in `exclude` for the rest of its life (`ExcNodeList`,
         added to what it already excludes): the way to move a replica off a node without draining
-        it.
+        it. Of the nodes in `forget`, those Slurm now shows in service (an operator healed and
+        resumed them) leave the job's ExcNodeList; one that cannot be read stays in it.
 
         Right after `scontrol requeue` the job is still COMPLETING, and Slurm sets the
         held-back begin time only when it has completed: an update sent earlier is overwritten
@@ -155,8 +168,8 @@ class CommandBackend:
         deadline = time.monotonic() + settle
         while not self._settled(job_id) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if exclude:
-            self._exclude(job_id, exclude)
+        if exclude or forget:
+            self._exclude(job_id, exclude, forget)
         while True:
             self._run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{RELEASE_DELAY_S}"])
             ahead = [
@@ -172,13 +185,21 @@ class CommandBackend:
         with contextlib.suppress(SlurmCommandError):
             self._run(["scontrol", "release", job_id], retry=False)
 
-    def _exclude(self, job_id: str, nodes: Sequence[str]) -> None:
-        """Add `nodes` to a pending job's ExcNodeList (Slurm accepts it only while pending)."""
+    def _exclude(self, job_id: str, nodes: Sequence[str], forget: Sequence[str] = ()) -> None:
+        """Add `nodes` to a pending job's ExcNodeList (Slurm accepts it only while pending) and
+        take out the nodes of `forget` that Slurm shows in service."""
         current: set[str] = set()
         for job in self.jobs([job_id]):
             if job.job_id == job_id and job.excluded:
                 current.update(hostlist.expand(job.excluded, "ExcNodeList"))
-        wanted = sorted(current | set(nodes))
+        asked = sorted(current.intersection(forget) - set(nodes))
+        back: set[str] = set()
+        if asked:
+            with contextlib.suppress(SlurmCommandError):  # unread: they stay excluded
+                back = {n.name for n in self.nodes(asked) if n.in_service}
+        wanted = next_exclusions(current, nodes, back)
+        if wanted == sorted(current):
+            return
         self._run(
             [
                 "scontrol",

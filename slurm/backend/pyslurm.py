@@ -54,7 +54,13 @@ class PyslurmBackend(CommandBackend):
         p = _pyslurm()
         self._rpc(["requeue", job_id], p.Job(int(job_id)).requeue)
 
-    def release(self, job_id: str, exclude: Sequence[str] = (), settle: float = 30.0) -> None:
+    def release(
+        self,
+        job_id: str,
+        exclude: Sequence[str] = (),
+        settle: float = 30.0,
+        forget: Sequence[str] = (),
+    ) -> None:
         """Make a requeued job eligible now (begin time = now), and release a hold if any.
 
         Waits, like `CommandBackend.release`, until the job is back to PENDING: an earlier
@@ -63,8 +69,8 @@ class PyslurmBackend(CommandBackend):
         deadline = time.monotonic() + settle
         while not self._settled(job_id) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if exclude:
-            self._exclude(job_id, exclude)
+        if exclude or forget:
+            self._exclude(job_id, exclude, forget)
         p = _pyslurm()
         job = p.Job(int(job_id))
         self._rpc(
