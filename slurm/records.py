@@ -197,6 +197,13 @@ class NodeInfo:
         )
 
     @property
+    def responding(self) -> bool:
+        """slurmctld hears from its slurmd: neither DOWN nor NOT_RESPONDING (it may be drained)."""
+        return self.state.lower() not in ("down", "unknown", "future") and (
+            "NOT_RESPONDING" not in (f.upper() for f in self.flags)
+        )
+
+    @property
     def drained_by_us(self) -> bool:
         return self.drained and self.reason.startswith(DRAIN_PREFIX)
 

@@ -198,7 +198,7 @@ class RecordingBackend:
         ]
 
     def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
-        return []
+        return [NodeInfo(n, "allocated") for n in names]  # every node answers
 
 
 class ControlProcess:

@@ -69,7 +69,7 @@ class OwnerBackend:
         return [JobInfo(j, "x", "RUNNING", "node2", 0, "") for j in job_ids]
 
     def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
-        return []
+        return [NodeInfo(n, "allocated") for n in names]  # every node answers
 
 
 def carry(executor: SlurmExecutor, action: Drain, action_id: int = 7) -> list[tuple[str, str]]:

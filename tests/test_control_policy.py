@@ -96,12 +96,15 @@ def slurm_actions(per_event: list[list[object]]) -> list[object]:
 WARM = [status(0, 1, 1.0), status(1, 1, 1.0), status(2, 1, 1.0)]
 
 
-def requeued_off(k: int, node: str, reason: str, kind: str = "fault") -> list[object]:
+def requeued_off(
+    k: int, node: str, reason: str, kind: str = "fault", heard: float | None = None
+) -> list[object]:
     """A node fault's actions: drain `node` (or ask for it: the Drain carries the job and the
-    request's kind), requeue the job, release it kept off `node`."""
+    request's kind), requeue the job (for a silent replica: naming when it was last heard from),
+    release it kept off `node`."""
     return [
         Drain(node, reason, k, JOBS[k], kind),
-        Requeue(k, JOBS[k], 0),
+        Requeue(k, JOBS[k], 0, heard),
         Release(k, JOBS[k], 0.0, (node,)),
     ]
 
@@ -160,7 +163,7 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "silent replica -> drain its leader node and requeue",
         [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0)],
-        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent"),
+        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent", 1.0),
     ),
     (
         "coordinator restart gives grace: no silence requeue",
@@ -170,7 +173,7 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
     (
         "silence tick twice -> one requeue",
         [*WARM, status(0, 2, 40.0), status(2, 2, 40.0), Tick(45.0), Tick(60.0)],
-        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent"),
+        requeued_off(1, "node2", "fthsdp: silent: no report for 44s", "silent", 1.0),
     ),
     (
         "every replica silent at once -> the coordinator's outage: nothing drained or requeued",
@@ -203,7 +206,7 @@ CASES: list[tuple[str, list[Event], list[object]]] = [
         ],
         [
             Drain("node3", "fthsdp: silent: no report for 31s", 2, "102", "silent"),
-            Requeue(2, "102", 0),
+            Requeue(2, "102", 0, 51.0),
             Release(2, "102", 0.0, ("node3",)),
         ],
     ),

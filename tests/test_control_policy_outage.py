@@ -42,6 +42,7 @@ async def _scenario(run_dir: Path) -> dict[str, Any]:
     )
     running = await start_coordinator(cfg, backend)
     coord = running.coordinator
+    coord.executor.detect_s = 0.0  # no slurmctld here to be given time to see a dead node
     secret = read_secret(run_dir / "secret")
     seq = dict.fromkeys(range(3), 0)
     reporting: set[int] = set()

@@ -217,3 +217,23 @@ def test_a_node_is_in_service_only_when_slurm_would_start_a_job_there(
     node: NodeInfo, in_service: bool
 ) -> None:
     assert node.in_service is in_service
+
+
+@pytest.mark.parametrize(
+    ("node", "responding"),
+    [
+        (NodeInfo("n", "allocated"), True),
+        (NodeInfo("n", "mixed", ("DRAIN",)), True),  # drained, but its slurmd answers
+        (NodeInfo("n", "idle", ("MAINTENANCE",)), True),
+        (NodeInfo("n", "allocated", ("NOT_RESPONDING",)), False),
+        (NodeInfo("n", "allocated", ("not_responding",)), False),
+        (NodeInfo("n", "down"), False),
+        (NodeInfo("n", "down", ("NOT_RESPONDING",)), False),
+        (NodeInfo("n", "unknown"), False),
+        (NodeInfo("n", "future"), False),
+    ],
+)
+def test_a_node_responds_unless_slurm_has_stopped_hearing_from_it(
+    node: NodeInfo, responding: bool
+) -> None:
+    assert node.responding is responding

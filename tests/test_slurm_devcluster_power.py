@@ -87,6 +87,10 @@ def test_down_is_a_power_loss_that_slurm_notices_and_heal_boots_the_node(
         _wait(lambda: len(node_processes(cfg, "node2")) >= 3, 30, "node2's job processes")
         others = {n: p for n, p in live_daemons(cfg).items() if n != "slurmd node2"}
         victims = node_processes(cfg, "node2")
+        steps = [
+            p for p in victims if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"slurmstepd")
+        ]
+        assert steps, f"no slurmstepd among node2's processes {victims}"
         r = _cli(cfg, "inject", "node2", "--fault", "down")
         assert r.returncode == 0, r.stderr
         assert "node2: powered off" in r.stdout
@@ -95,6 +99,8 @@ def test_down_is_a_power_loss_that_slurm_notices_and_heal_boots_the_node(
         assert node_processes(cfg, "node2") == []
         assert {n: p for n, p in live_daemons(cfg).items() if n != "slurmd node2"} == others
         assert _job(cfg, jobs[1])[:2] == ("RUNNING", "node3")
+        # Nothing on node2 lived to tell slurmctld that its job died.
+        assert _job(cfg, jobs[0])[0] == "RUNNING"
         # Nobody told slurmctld: it finds the node unresponsive and takes the job off it.
         _wait(lambda: "*" in devcluster.node_states(cfg).get("node2", ""), 90, "node2 down*")
         _wait(lambda: _job(cfg, jobs[0])[0] != "RUNNING", 90, "node2's job to leave it")

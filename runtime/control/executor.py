@@ -17,21 +17,39 @@ Drain before the job's Requeue and the coordinator runs one decision's actions i
 comment is on the job when its Epilog runs. A direct drain that Slurm refuses for lack of rights
 is journaled `failed` with Slurm's message and then asked for as a request. Either way the
 policy keeps the node off the requeued job (`ExcNodeList`, which the owner may set).
+
+A Requeue waits while the job's node may be dead (`requeue_hold`). Requeued while its node does
+not answer, the job stays COMPLETING on it until Slurm sets the node DOWN, so nothing is gained;
+and on 22.05 the job then starts elsewhere with no GRES (`JOB_GRES=(null)`, every srun refused
+"Invalid generic resource (gres) specification") while the new node's GPUs stay counted as
+used; 24.11 and 26.05 requeue it again at DOWN, held back ~120 s (docs/design-facts.md, fact
+24). Slurm requeues such a job itself when it sets the node DOWN; the Requeue then ends skipped,
+and the Release that follows it makes the job eligible at once, kept off the node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
 from runtime.control.journal.schema import StoredAction
 from runtime.control.policy import Action, Cancel, Drain, Release, Requeue
+from slurm import hostlist
 from slurm.backend import DRAIN_PREFIX, SlurmBackend, SlurmCommandError
 from slurm.drain_request import DrainRequest
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.privileges import DrainMode, lacks_rights
-from slurm.records import lead_record, retryable, unreachable
+from slurm.records import (
+    JobInfo,
+    NodeInfo,
+    SlurmOutputError,
+    lead_record,
+    retryable,
+    unreachable,
+)
+from slurm.slurm_config import SlurmConfig, read_config
 
 log = logging.getLogger("fthsdp.coordinator")
 
@@ -44,6 +62,56 @@ def drain_request(action: Drain, seq: int) -> DrainRequest:
     without the `fthsdp:` prefix (the Epilog writes its own reason, with job and user)."""
     detail = action.reason.removeprefix(DRAIN_PREFIX).strip()
     return DrainRequest.make(seq % 10**9, action.node, action.kind, detail)
+
+
+#: Slurm's defaults (slurm.conf(5)), for a configuration that cannot be read.
+SLURMD_TIMEOUT_S = 300
+MESSAGE_TIMEOUT_S = 10
+#: How often a held Requeue looks at Slurm again.
+HOLD_POLL_S = 2.0
+
+
+class NotYet(Exception):
+    """An action that must wait for Slurm (a Requeue whose node may be dead): tried again, with
+    no attempt used up, until it can be done or Slurm made it moot."""
+
+
+def detection_s(cfg: SlurmConfig | None) -> float:
+    """How long slurmctld may take to mark a dead node NOT_RESPONDING: every SlurmdTimeout/3 it
+    pings the nodes it has not heard from for as long (up to 2/3 SlurmdTimeout after the last
+    word; every 100 s with SlurmdTimeout=0), the ping fails after MessageTimeout, and its
+    background loop adds a few seconds."""
+    slurmd = cfg.seconds("SlurmdTimeout") if cfg else None
+    message = cfg.seconds("MessageTimeout") if cfg else None
+    slurmd = SLURMD_TIMEOUT_S if slurmd is None else slurmd
+    message = MESSAGE_TIMEOUT_S if message is None else message
+    ping = 2 * slurmd / 3 if slurmd else 100.0
+    return ping + message + 5.0
+
+
+def requeue_hold(
+    job: JobInfo, nodes: Sequence[NodeInfo], last_heard: float | None, now: float, detect_s: float
+) -> str | None:
+    """Why a Requeue of the running `job` must wait (None: requeue now). Only nodes Slurm
+    positively shows answering let it go, and for a replica silent since `last_heard`, only
+    once Slurm has had `detect_s` to notice that a node died then."""
+    names = hostlist.expand(job.nodes, "job nodes") if job.nodes else []
+    shown = {n.name: n for n in nodes}
+    if not names:
+        return f"job {job.job_id} runs on no node Slurm names: waiting to read them"
+    for name in names:
+        node = shown.get(name)
+        if node is None:
+            return f"{name} not in Slurm's node list: waiting to read it"
+        if not node.responding:
+            flags = "+".join((node.state.upper(), *node.flags))
+            return f"{name} is {flags}: Slurm requeues job {job.job_id} when it sets it DOWN"
+    if last_heard is not None and now - last_heard < detect_s:
+        return (
+            f"silent {now - last_heard:.0f}s, under the {detect_s:.0f}s Slurm takes to see a dead "
+            f"node: waiting before requeueing job {job.job_id} on {job.nodes or 'its nodes'}"
+        )
+    return None
 
 
 class SlurmExecutor:
@@ -66,6 +134,8 @@ class SlurmExecutor:
         self.backoff_max_s = backoff_max_s
         #: How a Drain is carried out (`slurm.privileges`): drain, or request it of root's Epilog.
         self.drain_mode: DrainMode = drain_mode
+        #: `detection_s` of the running Slurm, read at the first Requeue that needs it.
+        self.detect_s: float | None = None
 
     async def carry_out(self, stored: StoredAction, resumed: bool, record: AttemptRecorder) -> None:
         """Run one journaled action with retries and backoff, each attempt recorded."""
@@ -76,12 +146,20 @@ class SlurmExecutor:
         attempt = -1
         failures = 0  # failed tries so far: the backoff's exponent
         away_for = next_log = 0.0  # seconds Slurm has been unreachable; when to log it again
+        held = ""  # why the action last had to wait (`NotYet`), journaled when it changes
         while attempt + 1 < self.retries:
             attempt += 1
             try:
                 outcome, detail = await loop.run_in_executor(
                     None, self.execute, action, resumed, stored.id, request
                 )
+            except NotYet as exc:
+                if str(exc) != held:
+                    held = str(exc)
+                    await record(stored.id, "retry", f"waiting: {held}")
+                attempt -= 1
+                await asyncio.sleep(HOLD_POLL_S)
+                continue
             except DrainRefused as exc:
                 await record(stored.id, "failed", f"{exc}; asking root's Epilog instead")
                 log.warning("drain of %s refused (%s): requesting it", exc.node, exc.cause.stderr)
@@ -141,6 +219,12 @@ class SlurmExecutor:
                 return ("skipped", f"already requeued (restart count {current.restarts})")
             if current and current.state.upper() == "PENDING":
                 return ("skipped", "job is pending, nothing to requeue")
+            if current and current.state.upper() == "RUNNING":
+                names = hostlist.expand(current.nodes, "job nodes") if current.nodes else []
+                detect = self._detect_s() if action.last_heard is not None else 0.0
+                why = requeue_hold(current, b.nodes(names), action.last_heard, time.time(), detect)
+                if why:
+                    raise NotYet(why)
             try:
                 b.requeue(action.job_id)
             except SlurmCommandError as exc:
@@ -155,11 +239,23 @@ class SlurmExecutor:
             # The backend waits for the requeued job to settle back to PENDING first.
             b.release(action.job_id, exclude=action.exclude, forget=action.forget)
             excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
+            if action.forget:
+                excluded += f"; {','.join(action.forget)} let back if Slurm shows them in service"
             return ("done", f"eligible now{excluded}")
         if isinstance(action, Cancel):
             b.cancel([action.job_id])
             return ("done", "cancelled")
         return ("skipped", f"not a Slurm action: {action}")
+
+    def _detect_s(self) -> float:
+        if self.detect_s is None:
+            try:
+                cfg: SlurmConfig | None = read_config(timeout=20)
+            except (EnvironmentProblem, SlurmOutputError) as exc:
+                log.warning("scontrol show config: %s; Slurm's default timeouts assumed", exc)
+                cfg = None
+            self.detect_s = detection_s(cfg)
+        return self.detect_s
 
     def _request_drain(self, action: Drain, seq: int) -> tuple[str, str]:
         """Write the drain request into the replica job's Comment, read back before counted."""

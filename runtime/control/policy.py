@@ -264,6 +264,9 @@ class Requeue:
     job_id: str
     #: Slurm's restart count when decided; a higher count at execution means it is done.
     restarts: int
+    #: For a replica that fell silent, when it was last heard from: its node may have died
+    #: then, and only once Slurm has had time to notice is the node's silence to Slurm proof.
+    last_heard: float | None = None
 
 
 @dataclass(frozen=True)
@@ -478,6 +481,7 @@ def _failure(
     actions: list[Action],
     count: bool = True,
     check: str = "fault",
+    last_heard: float | None = None,
 ) -> None:
     cfg = state.config
     r.last_failure = f"{kind}: {detail}"[:200]
@@ -513,7 +517,7 @@ def _failure(
         _directive(r, "relaunch", delay, actions)
         _set_phase(r, "restarting", at)
         return
-    _requeue(state, r, node, check, detail, delay, at, actions)
+    _requeue(state, r, node, check, detail, delay, at, actions, last_heard=last_heard)
 
 
 def _drain(
@@ -556,6 +560,7 @@ def _requeue(
     at: float,
     actions: list[Action],
     exclude: tuple[str, ...] = (),
+    last_heard: float | None = None,
 ) -> None:
     """Requeue the replica's job; a suspect `node` is drained (or its drain requested) and kept
     off the requeued job in every case: a drain may be refused, or done only later by root's
@@ -572,7 +577,7 @@ def _requeue(
     if r.job_id is None:
         actions.append(Note(r.replica, "node fault but the job id is unknown: cannot requeue"))
     else:
-        actions.append(Requeue(r.replica, r.job_id, r.restarts))
+        actions.append(Requeue(r.replica, r.job_id, r.restarts, last_heard))
         forget = tuple(n for n in r.avoided if n not in exclude)
         actions.append(Release(r.replica, r.job_id, delay, exclude, forget))
     _set_phase(r, "requeued", at)
@@ -708,7 +713,8 @@ def _on_tick(state: RunState, ev: Tick, actions: list[Action]) -> None:
             continue
         node = r.nodes[0] if (r.nodes and cfg.drain_on_silence) else None
         why = f"no report for {seconds:.0f}s"
-        _failure(state, r, "node", node, why, ev.at, actions, check="silent")
+        heard = ev.at - seconds
+        _failure(state, r, "node", node, why, ev.at, actions, check="silent", last_heard=heard)
 
 
 def _on_operator(state: RunState, ev: OperatorRequeue, actions: list[Action]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.control.executor import SlurmExecutor
+from runtime.control.executor import NotYet, SlurmExecutor
 from runtime.control.journal.schema import StoredAction
 from runtime.control.policy import FINISHED_PHASES, Event, JobObserved, Release, Requeue, RunState
 from runtime.control.spare_slots import (
@@ -245,8 +245,8 @@ async def carry_out(coord: PoolHost, stored: StoredAction, resumed: bool) -> boo
             outcome, detail = await loop.run_in_executor(
                 None, coord.executor.execute, action, resumed
             )
-        except (SlurmCommandError, InputError, EnvironmentProblem):
-            return False  # the caller's loop retries and journals the error
+        except (SlurmCommandError, InputError, EnvironmentProblem, NotYet):
+            return False  # the caller's loop waits or retries, and journals why
         await coord.attempt(stored.id, outcome, f"{detail}; {why}")
         return True
     await coord.attempt(

@@ -43,12 +43,6 @@ COMMENT_MAX = 1000
 WAIT_NOTICE_AFTER_S = 3.0
 
 
-def next_exclusions(current: Iterable[str], add: Iterable[str], back: Iterable[str]) -> list[str]:
-    """A job's ExcNodeList after a release: what it had, less the nodes that are back in
-    service, plus the nodes to keep off now (which win over `back`)."""
-    return sorted((set(current) - set(back)) | set(add))
-
-
 class CommandBackend:
     """`SlurmBackend` over Slurm's command-line tools (the default; works on any Slurm)."""
 
@@ -147,6 +141,7 @@ class CommandBackend:
         job_id: str,
         exclude: Sequence[str] = (),
         settle: float = 30.0,
+        *,
         forget: Sequence[str] = (),
     ) -> None:
         """Make a requeued job eligible now (docs/design-facts.md, Slurm fact 2: otherwise held back
@@ -197,7 +192,8 @@ class CommandBackend:
         if asked:
             with contextlib.suppress(SlurmCommandError):  # unread: they stay excluded
                 back = {n.name for n in self.nodes(asked) if n.in_service}
-        wanted = next_exclusions(current, nodes, back)
+        # What it had, less the nodes back in service, plus those to keep off now (which win).
+        wanted = sorted((current - back) | set(nodes))
         if wanted == sorted(current):
             return
         self._run(

@@ -59,6 +59,7 @@ class PyslurmBackend(CommandBackend):
         job_id: str,
         exclude: Sequence[str] = (),
         settle: float = 30.0,
+        *,
         forget: Sequence[str] = (),
     ) -> None:
         """Make a requeued job eligible now (begin time = now), and release a hold if any.

@@ -89,13 +89,14 @@ def node_processes(cfg: DevClusterConfig, node: str) -> list[int]:
     for pid in _proc_ids():
         if pid in (me, daemon):
             continue
-        env = _environ(pid)
-        if env.get(b"SLURM_CONF") != conf:
-            continue
         if _cmdline(pid).startswith(b"slurmstepd"):
+            # Its socket in the node's spool folder names it; 24.11+ start it with an
+            # environment of its own, without SLURM_CONF.
             if spool_sockets & _socket_inodes_of(pid):
                 steps.append(pid)
-        elif env.get(b"SLURMD_NODENAME") == node.encode():
+            continue
+        env = _environ(pid)
+        if env.get(b"SLURM_CONF") == conf and env.get(b"SLURMD_NODENAME") == node.encode():
             jobs.append(pid)
     return ([daemon] if daemon else []) + steps + jobs
 

@@ -72,4 +72,6 @@ def describe_action(payload: str) -> str:
     data = json.loads(payload)
     kind = data.pop("type")
     data.pop("replica", None)
+    if data.get("last_heard") is None:
+        data.pop("last_heard", None)  # set only for a silent replica's Requeue
     return kind + " " + " ".join(f"{k}={v}" for k, v in data.items())
