@@ -107,9 +107,10 @@ def requeue_hold(
             flags = "+".join((node.state.upper(), *node.flags))
             return f"{name} is {flags}: Slurm requeues job {job.job_id} when it sets it DOWN"
     if last_heard is not None and now - last_heard < detect_s:
+        # Worded the same on every poll: the journal gets one line per reason, not per poll.
         return (
-            f"silent {now - last_heard:.0f}s, under the {detect_s:.0f}s Slurm takes to see a dead "
-            f"node: waiting before requeueing job {job.job_id} on {job.nodes or 'its nodes'}"
+            f"silent for less than the {detect_s:.0f}s Slurm takes to see a dead node: job "
+            f"{job.job_id} on {job.nodes} is requeued once it has had them"
         )
     return None
 
