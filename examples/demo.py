@@ -9,6 +9,13 @@ shown live (the `fthsdp status` table) until it finishes; then a summary (steps,
 requeues, the healthy replicas' stall, final weights, ledger) and the drained node's reason, as
 `sinfo -R` shows it. The jobs are cancelled and the cluster stopped in any case.
 
+As on a site, root only starts the cluster, runs the hooks and plays the operator (the fault,
+`sinfo -R`). The run belongs to an ordinary account (`fthsdp-user`, the tests' job user, made as
+a system account without login if missing): it submits, watches (`fthsdp status --watch
+--json`, which the demo draws), reads the journal, writes the report and cancels, all through
+the site install (`--site PREFIX`, which `make demo` builds once), in a folder of its own under
+`.devcluster/users/`. Root reads only the run's plain files.
+
 Without root or Slurm it says why and runs the same story on local processes instead:
 `fthsdp run --local examples/tiny.toml --steps 600 --kill-replica 1 --at-step 60`.
 
@@ -20,20 +27,28 @@ control job that fails stops the demo at once with one line naming the failure a
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
 import itertools
 import json
 import os
+import queue
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # user_harness: the job user, as the stories make it
 
+import user_harness  # noqa: E402
 from rich.console import Console, Group  # noqa: E402
 from rich.live import Live  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -43,11 +58,15 @@ from prolog_epilog import dev_health  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
 CLUSTER_DIR = REPO / ".devcluster"
-RUN_DIR = CLUSTER_DIR / "runs" / "demo"
+USERS_DIR = CLUSTER_DIR / "users"
+USER = user_harness.JOB_USER
+RUN_DIR = USERS_DIR / USER / "demo"
 SPEC = REPO / "examples" / "demo.toml"
 VICTIM = 1
 INJECT_AT_STEP = 40
 RUN_TIMEOUT_S = 420
+#: The longest `fthsdp status --watch` may go without a snapshot (Slurm retries included).
+STATUS_TIMEOUT_S = 90
 # A pipe (`make demo | tee`) gets 80 columns by default: too narrow for the status table.
 console = Console()
 
@@ -62,7 +81,12 @@ def local_fallback(why: str) -> int:
     cmd += ["--steps", "600"]
     cmd += ["--kill-replica", "1", "--at-step", "60"]
     env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    return subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+    code = subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+    if code == 0:
+        console.print("the run's report:")
+        report = [sys.executable, "-m", "fthsdp_cli", "report", "--png", "runs/tiny"]
+        code = subprocess.run(report, cwd=REPO, env=env, check=False).returncode
+    return code
 
 
 def _pythonpath() -> str:
@@ -89,13 +113,110 @@ def start_cluster() -> devcluster.DevClusterConfig:
     return cfg
 
 
-def job_environment(cfg: devcluster.DevClusterConfig) -> None:
-    """Jobs inherit the submitter's environment (sbatch --export=ALL): point them at this
-    cluster, this checkout and this interpreter's `python`."""
-    os.environ["SLURM_CONF"] = str(cfg.conf_path)
-    os.environ["PYTHONPATH"] = _pythonpath()
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
-    os.environ.setdefault("TINY_STEP_SLEEP_S", "0.1")
+def user_home(user: str) -> Path:
+    """`USERS_DIR/user`: the job user's own folder (0700), inside root's world-traversable one,
+    emptied of an earlier demo's run."""
+    USERS_DIR.mkdir(mode=0o755, exist_ok=True)
+    USERS_DIR.chmod(0o755)
+    home = USERS_DIR / user
+    if home.exists():
+        shutil.rmtree(home)
+    return user_harness.user_folder(USERS_DIR, user, user)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobUser:
+    """The run's owner: every command of the run (submit, status, journal, cancel) is this
+    account's, through the site install's `fthsdp` and `python`, with none of root's environment
+    (jobs inherit it: sbatch --export=ALL). Root reads only the run's plain files."""
+
+    name: str
+    site: Path
+    env: dict[str, str]
+
+    @classmethod
+    def make(cls, name: str, site: Path, home: Path, cfg: devcluster.DevClusterConfig) -> JobUser:
+        extra = {
+            "PATH": f"{site / 'bin'}:{user_harness.BASE_PATH}",
+            "SLURM_CONF": str(cfg.conf_path),
+            "TINY_STEP_SLEEP_S": os.environ.get("TINY_STEP_SLEEP_S", "0.1"),
+        }
+        return cls(name, site, user_harness.user_env(name, home, extra))
+
+    def run(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return user_harness.as_user(self.name, argv, self.env, REPO, timeout)
+
+    def fthsdp(self, *args: str, timeout: float = 120) -> str:
+        """`fthsdp ARGS` as this user: its stdout, or DemoFailure with its last line."""
+        r = self.run(str(self.site / "bin" / "fthsdp"), *args, timeout=timeout)
+        if r.returncode != 0:
+            last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+            raise DemoFailure(f"fthsdp {args[0]} as {self.name} failed ({r.returncode}): {last[0]}")
+        return r.stdout
+
+    def requeues(self) -> list[tuple[str, str]]:
+        """Every Requeue in the run's journal (job id, status), read as the run's owner: root
+        opening the journal (SQLite in WAL mode) could leave it files the user cannot write."""
+        r = self.run(str(self.site / "bin" / "python"), "-c", _REQUEUES, str(RUN_DIR))
+        if r.returncode != 0:
+            last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+            raise DemoFailure(f"reading the run's journal as {self.name} failed: {last[0]}")
+        return [(job, status) for job, status in json.loads(r.stdout)]
+
+
+_REQUEUES = """
+import json, sys
+from pathlib import Path
+from runtime.control.journal.store import Journal
+from runtime.control.policy import Requeue
+journal = Journal.in_run_dir(Path(sys.argv[1]))
+print(json.dumps([(s.action.job_id, s.status) for s in journal.actions()
+                  if isinstance(s.action, Requeue)]))
+"""
+
+
+class StatusStream:
+    """`fthsdp status RUN --watch --json` as the job user: one snapshot a second, read by a
+    thread so that a status that stops answering cannot stall the demo."""
+
+    def __init__(self, user: JobUser) -> None:
+        argv = [str(user.site / "bin" / "fthsdp"), "status", str(RUN_DIR), "--watch", "--json"]
+        self.proc = subprocess.Popen(
+            user_harness.user_argv(user.name, [*argv, "--interval", "1"]),
+            env=user.env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next(self, timeout: float) -> dict[str, Any]:
+        """The next snapshot; DemoFailure when status ended or said nothing for `timeout`."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise DemoFailure(f"fthsdp status gave no snapshot in {timeout:.0f} s") from None
+        if line is None:
+            self.proc.wait(timeout=10)
+            err = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()
+            why = err[-1] if err else f"exit {self.proc.returncode}"
+            raise DemoFailure(f"fthsdp status ended: {why}")
+        data: dict[str, Any] = json.loads(line)
+        return data
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
 
 def progress_commits(run_dir: Path, replica: int) -> list[dict[str, Any]]:
@@ -171,20 +292,29 @@ def control_failure(data: dict[str, Any]) -> str | None:
     )
 
 
-def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
-    """Show the run live; inject the fault once every replica trains; return when it ends."""
-    from fthsdp_cli.commands.status import _render, full_status
-    from runtime.control.inject import inject
-    from slurm.backend import make_backend
+def watch(cfg: devcluster.DevClusterConfig, user: JobUser) -> tuple[float, dict[str, Any]]:
+    """Show the run live (the job user's `fthsdp status`); inject the fault, as the operator,
+    once every replica trains; return when the run ends."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    stream = StatusStream(user)
+    try:
+        return _watch(cfg, stream, deadline)
+    finally:
+        stream.close()
 
-    backend = make_backend(timeout=20)
+
+def _watch(
+    cfg: devcluster.DevClusterConfig, stream: StatusStream, deadline: float
+) -> tuple[float, dict[str, Any]]:
+    from fthsdp_cli.commands.status import _render
+    from runtime.control.inject import inject
+
     t_fault = 0.0
     note = Text("waiting for every replica to train ...")
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    data = full_status(RUN_DIR, backend)
+    data = stream.next(STATUS_TIMEOUT_S)
     with Live(Group(_render(data), note), console=console, refresh_per_second=2) as live:
         while time.monotonic() < deadline:
-            data = full_status(RUN_DIR, backend)
+            data = stream.next(STATUS_TIMEOUT_S)
             reps = data["replicas"]
             if not t_fault and all(
                 r["state"] == "training" and (r["step"] or 0) >= INJECT_AT_STEP for r in reps
@@ -204,26 +334,17 @@ def watch(cfg: devcluster.DevClusterConfig) -> tuple[float, dict[str, Any]]:
             if failed is not None:
                 raise DemoFailure(failed)
             live.update(Group(_render(data), note))
-            time.sleep(1)
     logs = RUN_DIR.relative_to(REPO) / "logs"
     raise DemoFailure(f"the run did not finish within {RUN_TIMEOUT_S} s; see {logs}/")
 
 
-def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, Any]) -> bool:
-    from runtime.control.journal.store import Journal
-    from runtime.control.policy import Requeue
+def summarize(user: JobUser, t_fault: float, data: dict[str, Any]) -> bool:
     from runtime.verdict import check_ledger, final_weights_agree
     from slurm.backend import make_backend
     from slurm.spec import load_spec
 
     target = load_spec(SPEC).train.steps
-    journal = Journal.in_run_dir(RUN_DIR)
-    try:
-        requeues = [
-            (s.action.job_id, s.status) for s in journal.actions() if isinstance(s.action, Requeue)
-        ]
-    finally:
-        journal.close()
+    requeues = user.requeues()
     reps = {r["replica"]: r for r in data["replicas"]}
     ledger = check_ledger(RUN_DIR, target)
     weights = final_weights_agree(RUN_DIR, sorted(reps))
@@ -257,52 +378,86 @@ def summarize(cfg: devcluster.DevClusterConfig, t_fault: float, data: dict[str, 
     return weights and ledger.ok and only_victim and others_untouched
 
 
-def cleanup(cfg: devcluster.DevClusterConfig | None) -> None:
+def cleanup(cfg: devcluster.DevClusterConfig | None, user: JobUser | None) -> None:
+    """The user cancels the run; if that fails the operator cancels the user's jobs."""
     if cfg is None:
         return
-    from slurm.backend import SlurmCommandError, make_backend
-    from slurm.cancel import cancel_run
-    from slurm.rundir import read_run
-
     try:
-        cancel_run(read_run(RUN_DIR), make_backend(timeout=20))
-    except (SlurmCommandError, OSError, ValueError) as exc:
+        if user is None:
+            raise DemoFailure("no run submitted")
+        if (RUN_DIR / "jobs.json").exists():
+            user.fthsdp("cancel", str(RUN_DIR))
+    except (DemoFailure, OSError, subprocess.SubprocessError) as exc:
         console.print(f"(cancel: {exc})")
+        subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
     stopped = devcluster.down(cfg)
     console.print(f"dev cluster stopped ({len(stopped)} daemons); files kept in {CLUSTER_DIR}")
 
 
-def main() -> int:
+def site_install(value: str) -> Path:
+    """`--site`: a site install's prefix (`make site-install`), whose `bin/fthsdp` the job user
+    runs; exit 2 naming it otherwise."""
+    prefix = Path(value)
+    runnable = os.access(prefix / "bin" / "python", os.X_OK)
+    if not (prefix / "bin" / "fthsdp").is_file() or not runnable:
+        raise argparse.ArgumentTypeError(
+            f"{value}: not a site install (no bin/fthsdp, bin/python); make site-cache makes one"
+        )
+    return prefix
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"demo: {message}\n")  # bad input is one line, not usage and a line
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _OneLineParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--site", type=site_install, help="the site install the job user runs")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     os.chdir(REPO)
     problems = devcluster.missing_prerequisites()
     if problems:
         return local_fallback("; ".join(problems))
+    if args.site is None:
+        console.print("demo: --site PREFIX is needed: make demo builds the site install")
+        return 2
     from slurm.backend import SlurmCommandError
     from slurm.errors import EnvironmentProblem, InputError
 
     cfg: devcluster.DevClusterConfig | None = None
+    user: JobUser | None = None
     ok = False
     try:
+        user_harness.ensure_user(USER)
         cfg = start_cluster()
-        job_environment(cfg)
-        from slurm.backend import make_backend
-        from slurm.spec import load_spec
-        from slurm.submit import submit_run
-
-        if RUN_DIR.exists():
-            shutil.rmtree(RUN_DIR)
-        spec = load_spec(SPEC, [f"job.run_dir={RUN_DIR}"])
-        record = submit_run(spec, make_backend(timeout=20))
-        ids = ", ".join(r.job_id for r in record.replicas)
-        control = record.control.job_id if record.control else "-"
-        console.print(f"submitted {SPEC.name}: control job {control}, replica jobs {ids}")
-        t_fault, data = watch(cfg)
-        ok = summarize(cfg, t_fault, data)
+        os.environ["SLURM_CONF"] = str(cfg.conf_path)  # the operator's own Slurm calls
+        user = JobUser.make(USER, args.site, user_home(USER), cfg)
+        user.fthsdp("submit", str(SPEC), "--set", f"job.run_dir={RUN_DIR}", timeout=180)
+        record = json.loads(user.fthsdp("status", str(RUN_DIR), "--json"))
+        jobs = record.get("jobs", [])
+        ids = ", ".join(j["job_id"] for j in jobs if j.get("role") == "replica")
+        control = next((j["job_id"] for j in jobs if j.get("role") == "control"), "-")
+        console.print(
+            f"submitted {SPEC.name} as {USER} (site install {args.site}): control job "
+            f"{control}, replica jobs {ids}"
+        )
+        t_fault, data = watch(cfg, user)
+        ok = summarize(user, t_fault, data)
+        console.print("the run's report (written by its user):")
+        console.print(user.fthsdp("report", str(RUN_DIR)).strip(), highlight=False)
+    except user_harness.UserSetupError as exc:
+        console.print(f"[red]demo failed:[/] {exc}", highlight=False)
+        return 3
     except (DemoFailure, EnvironmentProblem, InputError, SlurmCommandError, OSError) as exc:
         console.print(f"[red]demo failed:[/] {exc}", highlight=False)
         return 1
     finally:
-        cleanup(cfg)
+        cleanup(cfg, user)
     console.print("[green]demo ok[/]" if ok else "[red]demo: something is off (see above)[/]")
     return 0 if ok else 1
 

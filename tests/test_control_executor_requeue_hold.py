@@ -19,6 +19,7 @@ from runtime.control import executor as executor_module
 from runtime.control.executor import SlurmExecutor, detection_s, requeue_hold
 from runtime.control.journal.schema import StoredAction
 from runtime.control.policy import Requeue
+from slurm import hostlist
 from slurm.records import JobInfo, NodeInfo
 from slurm.slurm_config import SlurmConfig
 
@@ -52,7 +53,8 @@ DOWN = NodeInfo("node2", "down", ("NOT_RESPONDING",))
 def test_what_holds_a_requeue(
     job: JobInfo, nodes: list[NodeInfo], last_heard: float | None, held: str | None
 ) -> None:
-    why = requeue_hold(job, nodes, last_heard, NOW, 40.0)
+    names = hostlist.expand(job.nodes, "job nodes") if job.nodes else []
+    why = requeue_hold(job, names, nodes, last_heard, NOW, 40.0)
     if held is None:
         assert why is None
     else:

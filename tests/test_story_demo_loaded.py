@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ def _demo() -> Any:
     spec = importlib.util.spec_from_file_location("demo", ROOT / "examples" / "demo.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("demo", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -116,3 +119,13 @@ def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
         assert state == "COMPLETED", f"control job {control}: {state}"
     finally:
         clean_up(env, run_dir, gated, victim)
+
+
+def test_demo_refuses_a_site_install_that_is_not_one(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), "--site", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and "not a site install" in r.stderr, r.stderr
+    assert str(tmp_path) in r.stderr and "Traceback" not in r.stderr

@@ -78,6 +78,13 @@ checks = ["xid", "ecc"]
 STEP_LINE = re.compile(r"^0: step: (\d+)  loss:")
 
 
+def log_tail(run_dir: Path, group: int, job_id: str, lines: int = 60) -> str:
+    """The end of a group's replica job log, for a failure message."""
+    path = run_dir / "logs" / f"replica-{group:02d}-{job_id}.out"
+    text = path.read_text(errors="replace") if path.exists() else f"(no {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def logged_steps(run_dir: Path, job_id: str) -> list[int]:
     """Group rank 0's step lines in the replica job's log (both runs of a requeued job append)."""
     path = run_dir / "logs" / f"replica-01-{job_id}.out"
@@ -131,7 +138,10 @@ def _foreign_group_requeued_alone(gated: DevClusterConfig, env: SiteUser) -> Non
         # The others kept their jobs, never restarted, and stepped through the outage.
         for k in (0, 2):
             assert after[k]["job_id"] == jobs[k]
-            assert after[k]["restarts"] == 0 and after[k]["relaunches"] == 0
+            assert after[k]["restarts"] == 0 and after[k]["relaunches"] == 0, (
+                after[k],
+                log_tail(run_dir, k, jobs[k]),
+            )
             steps = [reps[k]["step"] or 0 for t, reps in trace if t_fault <= t <= t_back]
             assert steps == sorted(steps) and steps[-1] >= steps[0] + 20, steps
         # Healed from a peer: the requeued run's first step is the peers' step, past where

@@ -90,12 +90,17 @@ def detection_s(cfg: SlurmConfig | None) -> float:
 
 
 def requeue_hold(
-    job: JobInfo, nodes: Sequence[NodeInfo], last_heard: float | None, now: float, detect_s: float
+    job: JobInfo,
+    names: Sequence[str],
+    nodes: Sequence[NodeInfo],
+    last_heard: float | None,
+    now: float,
+    detect_s: float,
 ) -> str | None:
-    """Why a Requeue of the running `job` must wait (None: requeue now). Only nodes Slurm
-    positively shows answering let it go, and for a replica silent since `last_heard`, only
-    once Slurm has had `detect_s` to notice that a node died then."""
-    names = hostlist.expand(job.nodes, "job nodes") if job.nodes else []
+    """Why a Requeue of the running `job` (on the nodes `names`, as Slurm read them into
+    `nodes`) must wait (None: requeue now). Only nodes Slurm positively shows answering let it
+    go, and for a replica silent since `last_heard`, only once Slurm has had `detect_s` to
+    notice that a node died then."""
     shown = {n.name: n for n in nodes}
     if not names:
         return f"job {job.job_id} runs on no node Slurm names: waiting to read them"
@@ -223,7 +228,8 @@ class SlurmExecutor:
             if current and current.state.upper() == "RUNNING":
                 names = hostlist.expand(current.nodes, "job nodes") if current.nodes else []
                 detect = self._detect_s() if action.last_heard is not None else 0.0
-                why = requeue_hold(current, b.nodes(names), action.last_heard, time.time(), detect)
+                held = b.nodes(names) if names else []
+                why = requeue_hold(current, names, held, action.last_heard, time.time(), detect)
                 if why:
                     raise NotYet(why)
             try:
