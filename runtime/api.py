@@ -129,7 +129,11 @@ class FTHSDP:
         # The gate's address is what the control file names; the Manager goes through the
         # supervisor's forwarder, which proves the run's key to the gate.
         self._ft_pg, self.manager = build_manager(
-            env, self.backend, env.lighthouse_forwarder or lighthouse, init_sync=init_sync
+            env,
+            self.backend,
+            env.lighthouse_forwarder or lighthouse,
+            init_sync=init_sync,
+            epoch=self.control.epoch,
         )
         self.manager.register_state_dict_fn("fthsdp", self._load_heal_state, self._heal_state)
         self._open_logs()

@@ -56,6 +56,8 @@ BUSY_SIGNS = ("temporarily", "Unexpected message received")
 
 def unreachable(exc: SlurmCommandError) -> bool:
     """Whether Slurm could not be asked at all (no verdict on what was asked of it)."""
+    if isinstance(exc, SlurmAwayOutput):
+        return True
     return exc.returncode == -1 or any(t in exc.stderr for t in UNREACHABLE_SIGNS)
 
 
@@ -78,6 +80,13 @@ class SlurmOutputError(SlurmCommandError):
         self.returncode = 0
         self.stderr = f"unexpected output on {on}: {what}"
         RuntimeError.__init__(self, f"{' '.join(self.argv)} on {on}: unexpected output: {what}")
+
+
+class SlurmAwayOutput(SlurmOutputError):
+    """A JSON answer with no records and only the errors a command gives when it could not
+    reach slurmctld: 22.05's `sinfo --json` exits 0 with `errors: [{"error": "Unspecified
+    error", "errno": -1}]` then (its `squeue --json` says "Failed while looking for jobs"), where
+    later releases exit 1 with "Unable to contact slurm controller". No verdict: `unreachable`."""
 
 
 class NodeNotFound(SlurmOutputError):

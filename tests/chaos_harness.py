@@ -27,6 +27,8 @@ KINDS: dict[str, str] = {
 }
 #: The short campaign `make test` runs: one of each kind that needs no second free node.
 SHORT_KINDS = ("xid79", "kill", "control")
+#: Kinds that count as a failure of the replica they strike (and, for `second`, of the other).
+FAILS = frozenset({"xid79", "kill", "down", "second"})
 #: Kinds after which the replica runs on another node (the faulted one is healed afterwards).
 REQUEUES = frozenset({"xid79", "down", "second"})
 #: Of those, the ones whose requeue the coordinator always makes (for a power loss Slurm may
@@ -53,10 +55,14 @@ def plan(
     replicas: int,
     protected: int | None = None,
     delay_steps: tuple[int, int] = (10, 40),
+    strikes: int | None = None,
 ) -> list[Fault]:
     """`faults` faults drawn from `kinds` (each kind at least once when `faults` allows), each
     `delay_steps` (a range) after the last recovery; `protected` is never moved off its node
-    (the replica under an administrator's drain).
+    (the replica under an administrator's drain). With `strikes`, no replica fails more often
+    than that (the run's `max_restarts_per_replica`: one failure more and the policy leaves the
+    replica out, which the policy's own tests check, not the campaign). Draws are the same as
+    without a limit until a replica reaches it, so schedules within it do not change.
     """
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
@@ -70,13 +76,27 @@ def plan(
         order.append(rng.choice(list(kinds)))
     order = order[:faults]
     movable = [k for k in range(replicas) if k != protected]
+    failed = dict.fromkeys(range(replicas), 0)
+
+    def can_fail(k: int) -> bool:
+        return strikes is None or failed[k] < strikes
+
     out = []
     for i, kind in enumerate(order):
         after = rng.randint(*delay_steps)
         pool = movable if kind in REQUEUES else list(range(replicas))
+        if kind in FAILS:
+            pool = [k for k in pool if can_fail(k)]
+        others_of = {k: [j for j in range(replicas) if j != k and can_fail(j)] for k in pool}
+        if kind == "second":
+            pool = [k for k in pool if others_of[k]]
+        if not pool:
+            raise ValueError(f"fault {i} ({kind}): every replica it may strike failed {strikes}x")
         replica = rng.choice(pool)
-        others = [k for k in range(replicas) if k != replica]
-        other = rng.choice(others) if kind == "second" else None
+        other = rng.choice(others_of[replica]) if kind == "second" else None
+        for k in (replica, other):
+            if k is not None and kind in FAILS:
+                failed[k] += 1
         out.append(Fault(i, kind, after, replica, other))
     return out
 

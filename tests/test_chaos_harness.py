@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from chaos_harness import (
+    FAILS,
     KINDS,
     REQUEUES,
     Fault,
@@ -36,6 +37,35 @@ def test_every_kind_comes_and_the_protected_replica_never_moves(seed: int) -> No
             assert f.other is not None and f.other != f.replica
         else:
             assert f.other is None
+
+
+def _failures(faults: list[Fault]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for f in faults:
+        for k in (f.replica, f.other):
+            if k is not None and f.kind in FAILS:
+                counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("strikes", [1, 2, 3])
+def test_no_replica_fails_more_often_than_the_run_allows(seed: int, strikes: int) -> None:
+    kinds = ["xid79", "kill", "down", "control", "slurmctld", "second"]
+    try:
+        faults = plan(seed, 6, kinds, 3, protected=0, strikes=strikes)
+    except ValueError as exc:  # too few strikes for 6 faults of these kinds: said so
+        assert strikes < 3 and f"failed {strikes}x" in str(exc), exc
+        return
+    assert max(_failures(faults).values()) <= strikes, faults
+
+
+def test_a_limit_that_is_never_reached_changes_no_draw() -> None:
+    kinds = list(KINDS)
+    for seed in range(40):
+        free = plan(seed, 6, kinds, 3, protected=0)
+        if max(_failures(free).values()) <= 3:
+            assert plan(seed, 6, kinds, 3, protected=0, strikes=3) == free
 
 
 @pytest.mark.parametrize(

@@ -51,9 +51,10 @@ from runtime.control.spare_manager import carry_out as spares_carry_out
 from runtime.control.spare_manager import on_poll as spares_on_poll
 from runtime.control.straggler.service import StragglerService
 from runtime.protocol import ReplicaReport
-from slurm.backend import SlurmBackend, make_backend
+from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.hostlist import job_nodes
 from slurm.privileges import resolve as resolve_drain
+from slurm.records import unreachable
 from slurm.rundir import TERMINAL_STATES
 
 log = logging.getLogger("fthsdp.coordinator")
@@ -304,7 +305,14 @@ class Coordinator:
         if not ids:
             return
         loop = asyncio.get_running_loop()
-        infos = await loop.run_in_executor(None, self.backend.jobs, list(ids))
+        try:
+            infos = await loop.run_in_executor(None, self.backend.jobs, list(ids))
+        except SlurmCommandError as exc:
+            if not unreachable(exc):
+                raise
+            # slurmctld away: nothing learnt, nothing changed; the next poll asks again
+            log.warning("job poll: Slurm not answering (%s)", str(exc)[:200])
+            return
         listed = {i.base_id for i in infos}
         for job_id in ids:
             if job_id not in listed:

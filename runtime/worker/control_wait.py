@@ -6,6 +6,12 @@ the Lighthouse accepts connections. `ControlRestartWait` decides, after a failed
 the control job was restarted and came back at the same address (retry the quorum) or the
 failure is real or the Lighthouse moved (a process fault: torchft's Manager cannot follow a
 Lighthouse that moved, so the supervisor relaunches the step with the new address).
+
+A restarted Lighthouse knows no quorum: the replicas come back to it one by one, and its first
+quorums may fail (a peer still out on its own retry is missing from the process group). A
+failure while the control plane is younger than the join timeout is retried as part of the
+restart: exiting then would count as the replica's failure and restart it, which changes the
+quorum once more for the peers.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import logging
 import socket
 import sys
 import time
+from collections.abc import Callable
 from urllib.parse import urlparse
 
-from runtime.env import WorkerEnv
+from runtime.env import ControlEndpoints, WorkerEnv
 from runtime.protocol import ExitCode
 from runtime.worker.errors import FatalWorkerError
 
@@ -73,15 +80,36 @@ class ControlRestartWait:
     """The Lighthouse this worker's Manager was built with, and the control job's start time
     it saw then (`control.json`'s `started_at`), to tell a restart from a real failure."""
 
-    def __init__(self, env: WorkerEnv, lighthouse: str) -> None:
+    def __init__(
+        self,
+        env: WorkerEnv,
+        lighthouse: str,
+        settle_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.env = env
         self.lighthouse = lighthouse
+        #: How long after the control plane started a failed quorum is taken as its settling.
+        self.settle_s = env.timeouts.join_s if settle_s is None else settle_s
+        self.clock = clock
         found = env.endpoints()
         self.control_started_at = found.started_at if found else None
 
+    def epoch(self) -> int:
+        """The incarnation of the control plane this worker last saw start (its start second;
+        0 when unknown): what its quorums' store keys are kept apart by."""
+        return int(self.control_started_at or 0)
+
+    def settling(self, found: ControlEndpoints | None) -> bool:
+        """Whether the control plane in `found` started less than `settle_s` ago."""
+        if found is None or found.started_at is None:
+            return False
+        return 0 <= self.clock() - found.started_at < self.settle_s
+
     def wait_out(self, exc: Exception, give_up: float) -> None:
-        """After a failed quorum: return (to retry it) if the control job was restarted and its
-        Lighthouse is back at the same address; raise the process fault otherwise.
+        """After a failed quorum: return (to retry it) if the control job was restarted, or
+        started less than `settle_s` ago, and its Lighthouse is (back) at the same address;
+        raise the process fault otherwise.
 
         torchft's Manager keeps the Lighthouse address it was built with and reconnects to it;
         it cannot follow a Lighthouse that moved, so then this rank exits with a process fault
@@ -90,8 +118,10 @@ class ControlRestartWait:
         failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
         found = self.env.endpoints()
         restarted = found is not None and found.started_at != self.control_started_at
-        if not restarted and found is not None and lighthouse_reachable(found.lighthouse):
-            raise failed from exc  # the quorum service is up and unchanged: a real failure
+        settling = self.settling(found)
+        steady = not (restarted or settling) and found is not None
+        if steady and found is not None and lighthouse_reachable(found.lighthouse):
+            raise failed from exc  # the quorum service is up, unchanged and settled: real
         remaining = give_up - time.monotonic()
         try:
             lighthouse = wait_for_lighthouse(self.env, max(0.0, remaining))
@@ -105,4 +135,5 @@ class ControlRestartWait:
             ) from exc
         found = self.env.endpoints()
         self.control_started_at = found.started_at if found else None
-        log.warning("quorum failed while the control plane restarted; retrying: %s", exc)
+        when = "restarted" if restarted else "settles after its start"
+        log.warning("quorum failed while the control plane %s; retrying: %s", when, exc)

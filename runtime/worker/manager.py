@@ -10,6 +10,7 @@ fields.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -80,11 +81,48 @@ def manager_class() -> type:
     return _Manager
 
 
+class EpochStoreClient:
+    """torchft's ManagerClient, with every quorum's store address namespaced by the control
+    plane incarnation that made the quorum (`epoch()`).
+
+    torchft keys a quorum's process-group rendezvous by `store/torchft/<quorum_id>/<rank>` in
+    the store of the quorum's first member, and a restarted Lighthouse counts quorum ids from 1
+    again: the new quorum 1 then read the peers' addresses of the old quorum 1, still in that
+    store, and gloo connected to ports long closed ("Connection refused"), quorum after quorum.
+    The incarnation (the control plane's start second, which every replica reads from
+    `control.json`) keeps the new keys apart from the old ones.
+    """
+
+    def __init__(self, client: Any, epoch: Callable[[], int]) -> None:
+        self._client = client
+        self._epoch = epoch
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(*args, **kwargs)
+        quorum.store_address = epoch_store_address(quorum.store_address, self._epoch())
+        return quorum
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def epoch_store_address(store_address: str, epoch: int) -> str:
+    """`host:port[/prefix]` with the incarnation's segment added to its prefix (torchft appends
+    `/torchft/<quorum_id>/<rank>` and splits the address at its first `/`)."""
+    return f"{store_address}/fthsdp-epoch-{epoch}"
+
+
 def build_manager(
-    env: WorkerEnv, backend: str, lighthouse: str, *, init_sync: bool
+    env: WorkerEnv,
+    backend: str,
+    lighthouse: str,
+    *,
+    init_sync: bool,
+    epoch: Callable[[], int] = lambda: 0,
 ) -> tuple[Any, Any]:
     """(torchft process group, Manager) for this rank: the replicate dimension's reconfigurable
-    process group (NCCL on CUDA, gloo otherwise) and the Manager on `lighthouse`."""
+    process group (NCCL on CUDA, gloo otherwise) and the Manager on `lighthouse`, its quorums'
+    store keys namespaced by `epoch()` (`EpochStoreClient`)."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     allreduce = timedelta(seconds=env.timeouts.allreduce_s)
@@ -109,4 +147,5 @@ def build_manager(
         heartbeat_interval=timedelta(seconds=min(0.1, env.timeouts.heartbeat_s / 4)),
         init_sync=init_sync,
     )
+    manager._client = EpochStoreClient(manager._client, epoch)
     return ft_pg, manager

@@ -1,0 +1,86 @@
+"""After a failed quorum, a worker retries it while the control plane restarts or settles
+after its start, and exits with a process fault otherwise (`ControlRestartWait.wait_out`).
+
+Seen on the dev cluster: after a control-job requeue, the new Lighthouse's first quorums failed
+for ~20 s (a peer still on its own retry was missing from the process group), and a worker that
+exited on the second failure was counted as a replica failure and relaunched, which changed
+the quorum for its peers once more.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import cast
+
+import pytest
+
+from runtime.env import ControlEndpoints, Timeouts, WorkerEnv
+from runtime.protocol import ExitCode
+from runtime.worker.control_wait import ControlRestartWait
+from runtime.worker.errors import FatalWorkerError
+
+NOW = 10_000.0
+
+
+@dataclass
+class FakeEnv:
+    """The two things `ControlRestartWait` reads of a worker's environment."""
+
+    found: ControlEndpoints | None
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(join_s=30.0))
+
+    def endpoints(self) -> ControlEndpoints | None:
+        return self.found
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[str]:
+    """An address that accepts connections, as an up Lighthouse does."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def waiter(env: FakeEnv, lighthouse: str) -> ControlRestartWait:
+    return ControlRestartWait(cast(WorkerEnv, env), lighthouse, clock=lambda: NOW)
+
+
+@pytest.mark.parametrize(
+    ("started_before", "started_now", "retried"),
+    [
+        (NOW - 500, NOW - 500, False),  # up for long, unchanged: a real failure
+        (NOW - 500, NOW - 5, True),  # restarted meanwhile, same address: retry
+        (NOW - 5, NOW - 5, True),  # started 5 s ago: its first quorums may fail; retry
+        (NOW - 29, NOW - 29, True),  # inside the 30 s join timeout
+        (NOW - 31, NOW - 31, False),  # settled
+        (None, None, False),  # no start time known: nothing says it is settling
+    ],
+)
+def test_what_a_failed_quorum_is_taken_for(
+    lighthouse: str, started_before: float | None, started_now: float | None, retried: bool
+) -> None:
+    env = FakeEnv(ControlEndpoints(lighthouse, None, started_before))
+    wait = waiter(env, lighthouse)
+    env.found = ControlEndpoints(lighthouse, None, started_now)
+    give_up = time.monotonic() + 5
+    if retried:
+        wait.wait_out(RuntimeError("Timeout expired"), give_up)
+        assert wait.control_started_at == started_now
+    else:
+        with pytest.raises(FatalWorkerError, match="quorum failed: Timeout expired") as err:
+            wait.wait_out(RuntimeError("Timeout expired"), give_up)
+        assert err.value.exit_code == ExitCode.PROCESS_FAULT
+
+
+def test_a_lighthouse_that_moved_is_a_process_fault_even_while_settling(lighthouse: str) -> None:
+    old = "http://127.0.0.1:1"
+    env = FakeEnv(ControlEndpoints(old, None, NOW - 500))
+    wait = waiter(env, old)
+    env.found = ControlEndpoints(lighthouse, None, NOW - 5)
+    with pytest.raises(FatalWorkerError, match=r"moved from http://127\.0\.0\.1:1 ") as err:
+        wait.wait_out(RuntimeError("transport error"), time.monotonic() + 5)
+    assert err.value.exit_code == ExitCode.PROCESS_FAULT
