@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -124,65 +123,33 @@ def user_home(user: str) -> Path:
     return user_harness.user_folder(USERS_DIR, user, user)
 
 
-@dataclasses.dataclass(frozen=True)
-class JobUser:
-    """The run's owner: every command of the run (submit, status, journal, cancel) is this
-    account's, through the site install's `fthsdp` and `python`, with none of root's environment
-    (jobs inherit it: sbatch --export=ALL). Root reads only the run's plain files."""
-
-    name: str
-    site: Path
-    env: dict[str, str]
-
-    @classmethod
-    def make(cls, name: str, site: Path, home: Path, cfg: devcluster.DevClusterConfig) -> JobUser:
-        extra = {
-            "PATH": f"{site / 'bin'}:{user_harness.BASE_PATH}",
-            "SLURM_CONF": str(cfg.conf_path),
-            "TINY_STEP_SLEEP_S": os.environ.get("TINY_STEP_SLEEP_S", "0.1"),
-        }
-        return cls(name, site, user_harness.user_env(name, home, extra))
-
-    def run(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return user_harness.as_user(self.name, argv, self.env, REPO, timeout)
-
-    def fthsdp(self, *args: str, timeout: float = 120) -> str:
-        """`fthsdp ARGS` as this user: its stdout, or DemoFailure with its last line."""
-        r = self.run(str(self.site / "bin" / "fthsdp"), *args, timeout=timeout)
-        if r.returncode != 0:
-            last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
-            raise DemoFailure(f"fthsdp {args[0]} as {self.name} failed ({r.returncode}): {last[0]}")
-        return r.stdout
-
-    def requeues(self) -> list[tuple[str, str]]:
-        """Every Requeue in the run's journal (job id, status), read as the run's owner: root
-        opening the journal (SQLite in WAL mode) could leave it files the user cannot write."""
-        r = self.run(str(self.site / "bin" / "python"), "-c", _REQUEUES, str(RUN_DIR))
-        if r.returncode != 0:
-            last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
-            raise DemoFailure(f"reading the run's journal as {self.name} failed: {last[0]}")
-        return [(job, status) for job, status in json.loads(r.stdout)]
+def job_user(home: Path, site: Path, cfg: devcluster.DevClusterConfig) -> user_harness.SiteUser:
+    """The run's owner: every command of the run (submit, status, journal, report, cancel) is
+    this account's, through the site install, with none of root's environment (jobs inherit
+    it: sbatch --export=ALL). Root reads only the run's plain files."""
+    knobs = {"SLURM_CONF": str(cfg.conf_path)}
+    knobs["TINY_STEP_SLEEP_S"] = os.environ.get("TINY_STEP_SLEEP_S", "0.1")
+    return user_harness.SiteUser(USER, site, home, knobs)
 
 
-_REQUEUES = """
-import json, sys
-from pathlib import Path
-from runtime.control.journal.store import Journal
-from runtime.control.policy import Requeue
-journal = Journal.in_run_dir(Path(sys.argv[1]))
-print(json.dumps([(s.action.job_id, s.status) for s in journal.actions()
-                  if isinstance(s.action, Requeue)]))
-"""
+def fthsdp(user: user_harness.SiteUser, *args: str, timeout: float = 120) -> str:
+    """`fthsdp ARGS` as the run's owner, in the checkout: its stdout, or DemoFailure with its
+    last line."""
+    r = user.fthsdp(*args, timeout=timeout, cwd=REPO)
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+        raise DemoFailure(f"fthsdp {args[0]} as {user.user} failed ({r.returncode}): {last[0]}")
+    return r.stdout
 
 
 class StatusStream:
     """`fthsdp status RUN --watch --json` as the job user: one snapshot a second, read by a
     thread so that a status that stops answering cannot stall the demo."""
 
-    def __init__(self, user: JobUser) -> None:
-        argv = [str(user.site / "bin" / "fthsdp"), "status", str(RUN_DIR), "--watch", "--json"]
+    def __init__(self, user: user_harness.SiteUser) -> None:
+        argv = [str(user.prefix / "bin" / "fthsdp"), "status", str(RUN_DIR), "--watch", "--json"]
         self.proc = subprocess.Popen(
-            user_harness.user_argv(user.name, [*argv, "--interval", "1"]),
+            user_harness.user_argv(user.user, [*argv, "--interval", "1"]),
             env=user.env,
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -292,7 +259,9 @@ def control_failure(data: dict[str, Any]) -> str | None:
     )
 
 
-def watch(cfg: devcluster.DevClusterConfig, user: JobUser) -> tuple[float, dict[str, Any]]:
+def watch(
+    cfg: devcluster.DevClusterConfig, user: user_harness.SiteUser
+) -> tuple[float, dict[str, Any]]:
     """Show the run live (the job user's `fthsdp status`); inject the fault, as the operator,
     once every replica trains; return when the run ends."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -338,13 +307,17 @@ def _watch(
     raise DemoFailure(f"the run did not finish within {RUN_TIMEOUT_S} s; see {logs}/")
 
 
-def summarize(user: JobUser, t_fault: float, data: dict[str, Any]) -> bool:
+def summarize(user: user_harness.SiteUser, t_fault: float, data: dict[str, Any]) -> bool:
     from runtime.verdict import check_ledger, final_weights_agree
     from slurm.backend import make_backend
     from slurm.spec import load_spec
 
     target = load_spec(SPEC).train.steps
-    requeues = user.requeues()
+    requeues = [
+        (job, status)
+        for kind, job, status in user_harness.journal_actions_of(user, RUN_DIR)
+        if kind == "Requeue"
+    ]
     reps = {r["replica"]: r for r in data["replicas"]}
     ledger = check_ledger(RUN_DIR, target)
     weights = final_weights_agree(RUN_DIR, sorted(reps))
@@ -378,7 +351,7 @@ def summarize(user: JobUser, t_fault: float, data: dict[str, Any]) -> bool:
     return weights and ledger.ok and only_victim and others_untouched
 
 
-def cleanup(cfg: devcluster.DevClusterConfig | None, user: JobUser | None) -> None:
+def cleanup(cfg: devcluster.DevClusterConfig | None, user: user_harness.SiteUser | None) -> None:
     """The user cancels the run; if that fails the operator cancels the user's jobs."""
     if cfg is None:
         return
@@ -386,7 +359,7 @@ def cleanup(cfg: devcluster.DevClusterConfig | None, user: JobUser | None) -> No
         if user is None:
             raise DemoFailure("no run submitted")
         if (RUN_DIR / "jobs.json").exists():
-            user.fthsdp("cancel", str(RUN_DIR))
+            fthsdp(user, "cancel", str(RUN_DIR))
     except (DemoFailure, OSError, subprocess.SubprocessError) as exc:
         console.print(f"(cancel: {exc})")
         subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
@@ -430,15 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     from slurm.errors import EnvironmentProblem, InputError
 
     cfg: devcluster.DevClusterConfig | None = None
-    user: JobUser | None = None
+    user: user_harness.SiteUser | None = None
     ok = False
     try:
         user_harness.ensure_user(USER)
         cfg = start_cluster()
         os.environ["SLURM_CONF"] = str(cfg.conf_path)  # the operator's own Slurm calls
-        user = JobUser.make(USER, args.site, user_home(USER), cfg)
-        user.fthsdp("submit", str(SPEC), "--set", f"job.run_dir={RUN_DIR}", timeout=180)
-        record = json.loads(user.fthsdp("status", str(RUN_DIR), "--json"))
+        user = job_user(user_home(USER), args.site, cfg)
+        fthsdp(user, "submit", str(SPEC), "--set", f"job.run_dir={RUN_DIR}", timeout=180)
+        record = json.loads(fthsdp(user, "status", str(RUN_DIR), "--json"))
         jobs = record.get("jobs", [])
         ids = ", ".join(j["job_id"] for j in jobs if j.get("role") == "replica")
         control = next((j["job_id"] for j in jobs if j.get("role") == "control"), "-")
@@ -449,11 +422,18 @@ def main(argv: list[str] | None = None) -> int:
         t_fault, data = watch(cfg, user)
         ok = summarize(user, t_fault, data)
         console.print("the run's report (written by its user):")
-        console.print(user.fthsdp("report", str(RUN_DIR)).strip(), highlight=False)
+        console.print(fthsdp(user, "report", str(RUN_DIR)).strip(), highlight=False)
     except user_harness.UserSetupError as exc:
         console.print(f"[red]demo failed:[/] {exc}", highlight=False)
         return 3
-    except (DemoFailure, EnvironmentProblem, InputError, SlurmCommandError, OSError) as exc:
+    except (
+        DemoFailure,
+        user_harness.UserCommandError,
+        EnvironmentProblem,
+        InputError,
+        SlurmCommandError,
+        OSError,
+    ) as exc:
         console.print(f"[red]demo failed:[/] {exc}", highlight=False)
         return 1
     finally:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from user_harness import SiteUser, user_argv
+from user_harness import SiteUser, journal_actions_of, user_argv
 
 from prolog_epilog import dev_health
 from runtime.control.journal.store import Journal
@@ -419,25 +419,11 @@ def replicas(env: Cli, run_dir: Path) -> dict[int, dict[str, Any]]:
     return {r["replica"]: r for r in data["replicas"]}
 
 
-#: Read as the run's user: root opening the journal (SQLite in WAL mode) could leave root-owned
-#: -wal/-shm files in the run folder that the user's coordinator then cannot open.
-_ACTIONS = """
-import json, sys
-from pathlib import Path
-from runtime.control.journal.store import Journal
-journal = Journal.in_run_dir(Path(sys.argv[1]))
-print(json.dumps([(type(s.action).__name__, getattr(s.action, "job_id", None), s.status)
-                  for s in journal.actions()]))
-"""
-
-
 def journal_actions(run_dir: Path, user: SiteUser | None = None) -> list[tuple[str, str, str]]:
     """(action type, job id, status) of every action in the run's journal, read as `user`
     (through the site install) when the run is theirs."""
     if user is not None:
-        r = user.run([str(user.python), "-c", _ACTIONS, str(run_dir)])
-        assert r.returncode == 0, r.stderr
-        return [(kind, job, status) for kind, job, status in json.loads(r.stdout)]
+        return journal_actions_of(user, run_dir)
     journal = Journal.in_run_dir(run_dir)
     try:
         return [

@@ -9,6 +9,7 @@ given explicitly (nothing of root's leaks in) and an argv list, never a shell st
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import signal
@@ -159,6 +160,32 @@ class SiteUser:
         path.write_text(text)
         entry = pwd.getpwnam(self.user)
         os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+class UserCommandError(RuntimeError):
+    """A command run as a job user failed; the message is its last line."""
+
+
+#: Read as the run's user: root opening the journal (SQLite in WAL mode) could leave root-owned
+#: -wal/-shm files in the run folder that the user's coordinator then cannot open.
+_ACTIONS = """
+import json, sys
+from pathlib import Path
+from runtime.control.journal.store import Journal
+journal = Journal.in_run_dir(Path(sys.argv[1]))
+print(json.dumps([(type(s.action).__name__, getattr(s.action, "job_id", None), s.status)
+                  for s in journal.actions()]))
+"""
+
+
+def journal_actions_of(user: SiteUser, run_dir: Path) -> list[tuple[str, str, str]]:
+    """(action type, job id, status) of every action in `user`'s run's journal, read as them
+    through the site install."""
+    r = user.run([str(user.python), "-c", _ACTIONS, str(run_dir)])
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+        raise UserCommandError(f"reading {run_dir}'s journal as {user.user}: {last[0]}")
+    return [(kind, job, status) for kind, job, status in json.loads(r.stdout)]
 
 
 def processes_of_run(markers: Sequence[str]) -> dict[int, tuple[int, str]]:

@@ -81,16 +81,10 @@ class ControlRestartWait:
     it saw then (`control.json`'s `started_at`), to tell a restart from a real failure."""
 
     def __init__(
-        self,
-        env: WorkerEnv,
-        lighthouse: str,
-        settle_s: float | None = None,
-        clock: Callable[[], float] = time.time,
+        self, env: WorkerEnv, lighthouse: str, clock: Callable[[], float] = time.time
     ) -> None:
         self.env = env
         self.lighthouse = lighthouse
-        #: How long after the control plane started a failed quorum is taken as its settling.
-        self.settle_s = env.timeouts.join_s if settle_s is None else settle_s
         self.clock = clock
         found = env.endpoints()
         self.control_started_at = found.started_at if found else None
@@ -101,14 +95,14 @@ class ControlRestartWait:
         return int(self.control_started_at or 0)
 
     def settling(self, found: ControlEndpoints | None) -> bool:
-        """Whether the control plane in `found` started less than `settle_s` ago."""
+        """Whether the control plane in `found` started less than the join timeout ago."""
         if found is None or found.started_at is None:
             return False
-        return 0 <= self.clock() - found.started_at < self.settle_s
+        return 0 <= self.clock() - found.started_at < self.env.timeouts.join_s
 
     def wait_out(self, exc: Exception, give_up: float) -> None:
         """After a failed quorum: return (to retry it) if the control job was restarted, or
-        started less than `settle_s` ago, and its Lighthouse is (back) at the same address;
+        started less than the join timeout ago, and its Lighthouse is (back) at the same address;
         raise the process fault otherwise.
 
         torchft's Manager keeps the Lighthouse address it was built with and reconnects to it;
@@ -118,8 +112,7 @@ class ControlRestartWait:
         failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
         found = self.env.endpoints()
         restarted = found is not None and found.started_at != self.control_started_at
-        settling = self.settling(found)
-        steady = not (restarted or settling) and found is not None
+        steady = not (restarted or self.settling(found))
         if steady and found is not None and lighthouse_reachable(found.lighthouse):
             raise failed from exc  # the quorum service is up, unchanged and settled: real
         remaining = give_up - time.monotonic()
