@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm import devcluster
+from slurm.devcluster.controller import unregistered
 from slurm.devcluster.daemons import live_daemons
 from slurm.devcluster.power import node_processes, socket_inodes
 
@@ -29,6 +30,27 @@ def test_socket_inodes_reads_the_unix_table() -> None:
         "00000000a5a26630: 00000003 00000000 00000000 0001 03 2051125\n"
     )
     assert socket_inodes(table, Path("/c/spool/node2")) == {2051123}
+
+
+SLURMDS = {"slurmctld": 1, "munged": 2, "slurmd node1": 3, "slurmd node2": 4}
+
+
+@pytest.mark.parametrize(
+    ("states", "daemons", "waiting"),
+    [
+        ({"node1": "idle", "node2": "alloc", "node3": "down*"}, SLURMDS, []),
+        ({"node1": "unk", "node2": "idle"}, SLURMDS, ["node1"]),
+        ({"node1": "unk*", "node2": "mix"}, SLURMDS, ["node1"]),
+        ({"node1": "idle"}, SLURMDS, ["node2"]),  # not listed yet: not registered
+        # node3's slurmd is off (a powered-off node): Slurm's view of it is not waited for.
+        ({"node1": "idle", "node2": "idle", "node3": "unk*"}, SLURMDS, []),
+        ({"node1": "drain", "node2": "comp"}, SLURMDS, []),
+    ],
+)
+def test_a_restarted_controller_waits_for_each_running_slurmd_to_register(
+    states: dict[str, str], daemons: dict[str, int], waiting: list[str]
+) -> None:
+    assert unregistered(states, daemons) == waiting
 
 
 def _cli(cfg: devcluster.DevClusterConfig, *args: str) -> subprocess.CompletedProcess[str]:
@@ -160,6 +182,9 @@ def test_controller_stop_and_start_keeps_slurms_state_and_the_running_jobs(
         assert r.returncode == 0, r.stderr
         assert "slurmctld answers" in r.stdout
         assert _job(cfg, job)[:2] == ("RUNNING", "node3")
+        # Every node is registered again when `start` returns: work can be placed at once.
+        states = devcluster.node_states(cfg)
+        assert not [n for n, st in states.items() if st.startswith("unk")], states
         assert all(_alive(p) for p in procs)
     finally:
         from slurm.devcluster import controller
