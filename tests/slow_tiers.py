@@ -1,10 +1,16 @@
-"""`make test`'s long part: the host's slow tier and the release matrix, side by side.
+"""`make test`'s long part: the host's slow tier and the release matrix, in lanes side by side.
 
-Both are dominated by waits on dev clusters and multi-process training, not by CPU, so running
-the host's `slurm or slow` tests beside the other releases' slurm tests (one release after the
-other) cuts the wall time of `make test` by about the matrix's length (docs/benchmarks.md).
-The host tier streams to the terminal; the matrix writes to a log that is printed when it ends,
-so the two pytest progress lines never interleave. `--serial` runs them one after the other.
+Both are dominated by waits on dev clusters and multi-process training, not by CPU, so they run
+in four lanes at once (docs/benchmarks.md): the host's dev-cluster tests; the host's long
+`one_release` stories and its multi-process tests that need no Slurm; and each other release of
+the matrix. Every lane starts its own dev clusters (their own folders, ports and munge sockets),
+so nothing is shared but the cores. The first lane streams to the terminal; the others write to
+logs that are printed when they end, so pytest progress lines never interleave. `--serial` runs
+every part one after the other, the host's tests as one pytest run.
+
+Each part gets `FTHSDP_TEST_LANES`, the number of lanes running at once: the stories that promise
+to work on a busy machine start only the CPU burners that the other lanes do not already stand
+for (`tests/cpu_load.py`).
 
 On SIGINT or SIGTERM every part gets SIGINT (pytest's KeyboardInterrupt runs the fixtures'
 teardown, which stops their dev clusters), then SIGKILL after a grace. Each part runs in its own
@@ -43,6 +49,7 @@ class Part:
     took_s: float = 0.0
     rc: int | None = None
     out: IO[bytes] | None = field(default=None, repr=False)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         print(f"== {self.name}: {' '.join(self.argv)}", flush=True)
@@ -56,6 +63,7 @@ class Part:
             stdout=self.out,
             stderr=subprocess.STDOUT if self.out is not None else None,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env} if self.env else None,
             start_new_session=True,
             preexec_fn=_default_sigint,
         )
@@ -82,7 +90,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _matrix_parts(make: str, others: Sequence[str], log: Path) -> list[Part]:
+def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]:
     return [
         Part(
             f"slurm-marked tests on Slurm {version}",
@@ -93,10 +101,40 @@ def _matrix_parts(make: str, others: Sequence[str], log: Path) -> list[Part]:
                 f"VERSION={version}",
                 "MARKS=slurm and not one_release",
             ],
-            log=log,
+            log=log_dir / f"slurm-{version}.log",
         )
         for version in others
     ]
+
+
+#: The host's slow tier in two lanes of about the same length: its dev-cluster tests, then its
+#: long one-release stories beside its multi-process tests that need no Slurm.
+HOST_SPLIT = (
+    ("dev-cluster tests on the host", "slurm and not one_release", None),
+    (
+        "long stories and multi-process tests on the host",
+        "one_release or (slow and not slurm)",
+        "host-stories.log",
+    ),
+)
+
+
+def lanes(python: str, matrix: list[Part], log_dir: Path, serial: bool) -> list[list[Part]]:
+    """The parts of the slow tier, lane by lane; each part told how many lanes run at once."""
+    pytest = [python, "-m", "pytest", "--durations=15"]
+    if serial:
+        plan = [[Part("slurm and slow tests on the host", [*pytest, "-m", "slurm or slow"])]]
+        plan[0].extend(matrix)
+    else:
+        host = [
+            Part(name, [*pytest, "-m", marks], log=log_dir / log if log else None)
+            for name, marks, log in HOST_SPLIT
+        ]
+        plan = [[part] for part in host] + [[part] for part in matrix]
+    for lane in plan:
+        for part in lane:
+            part.env["FTHSDP_TEST_LANES"] = str(len(plan))
+    return plan
 
 
 def _other_releases(python: str) -> list[str]:
@@ -170,16 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("build/test-logs"))
     p.add_argument("--serial", action="store_true", help="one part after the other")
     a = p.parse_args(argv)
-    host = Part(
-        "slurm and slow tests on the host",
-        [a.python, "-m", "pytest", "-m", "slurm or slow", "--durations=15"],
-    )
     matrix: list[Part] = []
     if os.geteuid() != 0:
         print("not root: skipping the Slurm release matrix", flush=True)
     else:
-        matrix = _matrix_parts(a.make, _other_releases(a.python), a.log_dir / "matrix.log")
-    return run([[host, *matrix]] if a.serial else [[host], matrix])
+        matrix = _matrix_parts(a.make, _other_releases(a.python), a.log_dir)
+    return run(lanes(a.python, matrix, a.log_dir, a.serial))
 
 
 if __name__ == "__main__":

@@ -92,3 +92,46 @@ def test_a_stop_sends_sigint_to_every_running_part_and_runs_no_more(tmp_path: Pa
     assert seen.read_text() == "xx"
     assert (host.rc, matrix[0].rc, matrix[1].rc) == (5, 5, None)
     assert not (tmp_path / "never").exists()
+
+
+def test_the_host_tier_is_two_lanes_beside_each_release_and_every_part_knows_the_count(
+    tmp_path: Path,
+) -> None:
+    from slow_tiers import lanes
+
+    matrix = [Part(f"m{v}", ["true"], log=tmp_path / f"slurm-{v}.log") for v in ("24.11", "26.05")]
+    plan = lanes("py", matrix, tmp_path, serial=False)
+    assert [len(lane) for lane in plan] == [1, 1, 1, 1]
+    first, second = plan[0][0], plan[1][0]
+    assert first.log is None and second.log == tmp_path / "host-stories.log"
+    marks = [part.argv[-1] for part in (first, second)]
+    assert marks == ["slurm and not one_release", "one_release or (slow and not slurm)"]
+    assert all(part.env["FTHSDP_TEST_LANES"] == "4" for lane in plan for part in lane)
+    assert len({part.log for lane in plan for part in lane}) == 4, "two parts share a log"
+
+
+def test_serial_runs_the_host_tier_as_one_part_then_each_release() -> None:
+    from slow_tiers import lanes
+
+    matrix = [Part("m", ["true"])]
+    (lane,) = lanes("py", matrix, Path("/tmp"), serial=True)
+    assert [p.name for p in lane][1:] == ["m"]
+    assert lane[0].argv[-2:] == ["-m", "slurm or slow"]
+    assert lane[0].env["FTHSDP_TEST_LANES"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("count", "lanes", "started"), [(2, 1, 2), (2, 2, 1), (2, 3, 0), (2, 4, 0), (0, 1, 0)]
+)
+def test_other_lanes_stand_for_burners(count: int, lanes: int, started: int) -> None:
+    from cpu_load import burners_needed
+
+    assert burners_needed(count, lanes) == started
+
+
+def test_a_part_runs_with_its_own_environment(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    part = Part("p", _py(f"import os; open({str(out)!r}, 'w').write(os.environ['FTHSDP_X'])"))
+    part.env["FTHSDP_X"] = "7"
+    assert run([[part]]) == 0
+    assert out.read_text() == "7"

@@ -1,11 +1,12 @@
 """The demo's fault story on a loaded machine: exactly one requeue, and the control job ends.
 
 `examples/demo.toml` (3 replicas, each with a CPU helper component) on the health-gated dev
-cluster while two CPU burners (`while True: pass`) compete for this machine's cores, as a user's
-other work would. An Xid 79 on replica 1's node is handled by requeueing replica 1 exactly once;
-the shared-CPU noise around its replacement's start and catch-up does not evict a healthy replica
-as a straggler (eviction holds off while a replica recovers, and a straggler must be slow against
-its own pace too). Once every replica completed, the control job ends by itself (COMPLETED).
+cluster while two CPU burners (`while True: pass`), or as many of `make test`'s other lanes
+(`tests/cpu_load.py`), compete for this machine's cores, as a user's other work would. An Xid 79
+on replica 1's node is handled by requeueing replica 1 exactly once; the shared-CPU noise around
+its replacement's start and catch-up does not evict a healthy replica as a straggler (eviction
+holds off while a replica recovers, and a straggler must be slow against its own pace too). Once
+every replica completed, the control job ends by itself (COMPLETED).
 
 The pure part of the demo's early stop (a control job that failed is one line naming its log)
 is checked without Slurm.
