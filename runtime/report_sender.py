@@ -3,7 +3,8 @@
 Group rank 0 of each replica posts `ReplicaReport`s to `{coordinator}/v1/reports`, signed with
 its replica's key (`runtime.protocol.sign`: method, path, timestamp, nonce and body; the
 coordinator URL and the run secret come from the run directory). A report must carry the
-replica's Slurm job id; the coordinator refuses it otherwise. Training never waits on this:
+replica's Slurm job id; the coordinator refuses it otherwise. Reports go over one kept-alive
+connection (`runtime.persistent_http`). Training never waits on this:
 reports go through a bounded queue to a background thread. A 200 is accepted; a 4xx is a
 rejection that is logged and dropped (resending the same body would be rejected again); a
 connection error keeps the report in a bounded buffer and re-reads the control file, since the
@@ -16,15 +17,15 @@ How a fatal failure is classified is `runtime.failure_class`.
 from __future__ import annotations
 
 import collections
+import http.client
 import logging
 import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from runtime.env import WorkerEnv
+from runtime.persistent_http import PersistentConnection
 from runtime.protocol import (
     ReplicaReport,
     check_node,
@@ -78,6 +79,7 @@ class ReportClient:
         self.nodes = list(nodes or [])
         self.min_interval_s = min_interval_s
         self.http_timeout_s = http_timeout_s
+        self._http = PersistentConnection(http_timeout_s)
         self._seq = 0
         self._last_sent = 0.0
         self._last_key: tuple[Any, ...] | None = None
@@ -138,7 +140,15 @@ class ReportClient:
         """Send the final report now (after flushing what is queued); True if accepted."""
         report = self._make(kind="fatal", **fields)
         self.close(timeout_s=self.http_timeout_s)
-        return self._post(report) == "accepted"
+        try:
+            return self._post(report) == "accepted"
+        finally:
+            self._http.close()
+
+    @property
+    def connections(self) -> int:
+        """Connections opened to the coordinator so far."""
+        return self._http.opened
 
     def close(self, timeout_s: float = 2.0) -> None:
         with_timeout = time.monotonic() + timeout_s
@@ -157,23 +167,22 @@ class ReportClient:
         key_id = replica_key_id(self.replica)
         signed = sign(self._secret, key_id, "POST", "/v1/reports", body)
         headers = {"Content-Type": "application/json", **signed}
-        req = urllib.request.Request(
-            base.rstrip("/") + "/v1/reports", data=body, headers=headers, method="POST"
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
-                ok = resp.status == 200
-        except urllib.error.HTTPError as exc:
-            if 400 <= exc.code < 500:
-                self.rejected += 1
-                log.warning("coordinator rejected report seq=%d: %s", report.seq, exc)
-                return "rejected"
+            status, answer = self._http.request(base, "POST", "/v1/reports", body, headers)
+        except (OSError, ValueError, http.client.HTTPException):
             return "unreachable"
-        except (OSError, ValueError):
-            return "unreachable"
-        if ok:
+        if status == 200:
             self.accepted += 1
             return "accepted"
+        if 400 <= status < 500:
+            self.rejected += 1
+            log.warning(
+                "coordinator rejected report seq=%d: %d %s",
+                report.seq,
+                status,
+                answer[:200].decode("utf-8", "replace"),
+            )
+            return "rejected"
         return "unreachable"
 
     def _run(self) -> None:

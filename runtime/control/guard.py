@@ -16,8 +16,14 @@ Each connection is in one of three stages, and only the last one is safe from ev
 - `body`: a request was parsed but its sender has not proved anything yet (its body may never
   come). Aborted at the body deadline; `answered` once its response is out (aiohttp may still
   read a body nobody needs for a while), evicted first, and aborted at the same deadline.
-- `trusted`: the request's signature (or the metrics token) verified. Not evictable; bounded by
-  `lifetime_s` like every connection (the coordinator serves one request per connection).
+- `trusted`: the request's signature (or the metrics token) verified. Not evictable while it
+  serves a request. After a successful answer it stays open for the peer's next request
+  (keep-alive, `keepalive_s` idle at most): a leader reporting every second then pays for its
+  TCP connection and the guard's admission once, not per report. Every request on it is
+  verified again, and any refusal closes it. An idle one is the last to go at the connection
+  cap, and at `lifetime_s` it is closed between requests rather than aborted. An
+  unauthenticated connection is closed after its one response (the header deadline then covers
+  every request it makes, and it cannot be parked between requests).
 
 Caps, so that a flood cannot keep a signed report out and file descriptors stay bounded:
 
@@ -84,6 +90,8 @@ class GuardConfig:
     header_timeout_s: float = 5.0
     body_timeout_s: float = 10.0
     lifetime_s: float = 60.0
+    #: How long an authenticated connection may sit idle between two of its requests.
+    keepalive_s: float = 15.0
     #: Connections waiting in the kernel's accept queue.
     backlog: int = 1024
     #: After a burst, at most one log line of a kind per this many seconds.
@@ -94,7 +102,7 @@ class GuardConfig:
             raise ValueError("max_connections must be at least 16")
         if self.per_peer_connections < 1:
             raise ValueError("per_peer_connections must be at least 1")
-        if min(self.header_timeout_s, self.body_timeout_s, self.lifetime_s) <= 0:
+        if min(self.header_timeout_s, self.body_timeout_s, self.lifetime_s, self.keepalive_s) <= 0:
             raise ValueError("timeouts must be positive")
 
 
@@ -259,6 +267,8 @@ class ConnectionGuard:
         self.open = 0
         #: peer address -> its connections not trusted yet, oldest first.
         self.peers: dict[str, collections.OrderedDict[_Guarded, None]] = {}
+        #: Trusted connections between two requests (kept alive), longest idle first.
+        self.idle: collections.OrderedDict[_Guarded, None] = collections.OrderedDict()
 
     def admit(self, conn: _Guarded) -> bool:
         """Count a new connection; make room by evicting an unauthenticated one."""
@@ -267,10 +277,14 @@ class ConnectionGuard:
             _evict(held, "evicted at the per-peer cap")
         if self.open >= self.max_connections:
             heaviest = max(self.peers.values(), key=len, default=None)
-            if not heaviest:
+            if heaviest:
+                _evict(heaviest, "evicted at the connection cap")
+            elif self.idle:
+                # Its peer loses nothing but a reconnect: it is between requests.
+                next(iter(self.idle)).retire("idle keep-alive closed at the connection cap")
+            else:
                 self.refusals.add("connection cap")
                 return False
-            _evict(heaviest, "evicted at the connection cap")
         self.open += 1
         self.peers.setdefault(conn.peer, collections.OrderedDict())[conn] = None
         return True
@@ -307,6 +321,10 @@ class _Guarded(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.peer = ""
         self.stage: Stage = "header"
+        #: Trusted and between requests (in `guard.idle`).
+        self.idle = False
+        #: Trusted and past its lifetime: closed after the answer in progress.
+        self.retiring = False
         #: Counted in `guard.open` (until aborted or lost).
         self._counted = False
         #: aiohttp's protocol saw `connection_made` (so it must see `connection_lost`).
@@ -325,7 +343,7 @@ class _Guarded(asyncio.Protocol):
         cfg = self._guard.config
         self._timers = [
             loop.call_later(cfg.header_timeout_s, self._expired, "header", "header timeout"),
-            loop.call_later(cfg.lifetime_s, self.abort, "connection lifetime"),
+            loop.call_later(cfg.lifetime_s, self._lifetime),
         ]
         self._inner_made = True
         self._inner.connection_made(transport)
@@ -334,9 +352,21 @@ class _Guarded(asyncio.Protocol):
         if self.stage == stage or (stage == "body" and self.stage == "answered"):
             self.abort(reason)
 
+    def _lifetime(self) -> None:
+        if self.stage != "trusted":
+            self.abort("connection lifetime")
+        elif self.idle:
+            self.retire(None)
+        else:
+            self.retiring = True
+
     def request_parsed(self) -> None:
         """aiohttp parsed a request from this connection: the header deadline is met; the
-        body deadline starts (the connection stays evictable until it is trusted)."""
+        body deadline starts (the connection stays evictable until it is trusted). On a kept
+        alive, trusted connection it is busy again."""
+        if self.stage == "trusted":
+            self._rest(False)
+            return
         if self.stage != "header" or not self._counted:
             return
         self.stage = "body"
@@ -357,11 +387,36 @@ class _Guarded(asyncio.Protocol):
         self.stage = "trusted"
         self._guard.settle(self)
 
+    def kept_alive(self) -> None:
+        """Its answer is out and the connection stays open for the peer's next request."""
+        if self.retiring:
+            self.retire(None)
+        elif self._counted:
+            self._rest(True)
+
+    def _rest(self, idle: bool) -> None:
+        self.idle = idle
+        if idle:
+            self._guard.idle[self] = None
+        else:
+            self._guard.idle.pop(self, None)
+
+    def retire(self, reason: str | None) -> None:
+        """Close a trusted connection between requests (a graceful close, not an abort)."""
+        if not self._counted:
+            return
+        self._release()
+        if reason is not None:
+            self._guard.refusals.add(reason)
+        if self._transport is not None:
+            self._transport.close()
+
     def _release(self) -> None:
         if self._counted:
             self._counted = False
             self._guard.open -= 1
             self._guard.settle(self)
+            self._rest(False)
         for timer in self._timers:
             timer.cancel()
 
@@ -436,11 +491,26 @@ class GuardedSite(web.BaseSite):
         )
 
 
+async def _answer_then(
+    request: web.Request, response: web.StreamResponse, then: Callable[[], None]
+) -> web.StreamResponse:
+    """Write `response` here rather than after the middleware returns, then call `then`: the
+    connection's stage changes only once its answer is out."""
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        return response
+    then()
+    return response
+
+
 def guard_middleware(refusals: Refusals) -> Any:
     """The app's first middleware: tells the guard a request was parsed, closes every
-    connection after its response (the header deadline then covers every request, and a
-    keep-alive connection cannot be parked between requests), and turns whatever a handler
-    raises into a counted 4xx refusal with one bounded log line, never a 500 or a traceback."""
+    connection after its response unless the request was authenticated and answered without a
+    refusal (then the connection is kept alive for the peer's next request), and turns
+    whatever a handler raises into a counted 4xx refusal with one bounded log line, never a 500
+    or a traceback."""
 
     @web.middleware
     async def guarded(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -466,16 +536,16 @@ def guard_middleware(refusals: Refusals) -> Any:
                 f"{type(exc).__name__}: {exc}{at}",
             )
             response = web.json_response({"error": "request could not be handled"}, status=400)
+        if conn is None:
+            response.force_close()
+            return response
+        if conn.stage == "trusted" and not conn.retiring and response.status < 400:
+            # Kept alive; idle (closable at the cap) only once its answer is out.
+            return await _answer_then(request, response, conn.kept_alive)
         response.force_close()
-        if conn is not None and conn.stage == "body":
-            # Written here rather than after the middleware returns, so that the connection is
-            # marked answered (first to evict) only once its response is on its way.
-            try:
-                await response.prepare(request)
-                await response.write_eof()
-            except ConnectionError:
-                return response
-            conn.answered()
+        if conn.stage == "body":
+            # Answered (first to evict) only once its response is on its way.
+            return await _answer_then(request, response, conn.answered)
         return response
 
     return guarded

@@ -19,14 +19,14 @@ turns requests into its events and its state into answers (aiohttp; no hand-writ
 - `GET /metrics`: Prometheus metrics of that state (`runtime.control.metrics`); with a bearer
   token when the control job was given one (`--metrics-token-file`).
 
-Every answer to a signed request is signed back under the same key, over the request's method,
-path and nonce (`runtime.protocol.answer_headers`): a supervisor acts on no answer it cannot
-verify. Every connection serves one request and sits behind `runtime.control.guard` (header and body
-deadlines, a per-address and a total cap that evict unauthenticated connections; a connection is
-trusted once its signature verifies). Whatever a request sets off is answered with a 4xx and
-counted by route template and status, never a 500 or a traceback. The service binds to the
-job node's address unless told otherwise (`own_address`); it never listens on all interfaces
-by default.
+Every answer to a signed request is signed back under the same key, over the request's method, path
+and nonce (`runtime.protocol.answer_headers`): a supervisor acts on no answer it cannot verify.
+Every connection sits behind `runtime.control.guard` (header and body deadlines, a per-address and
+a total cap that evict unauthenticated connections; a connection is trusted once its signature
+verifies, and only a trusted one is kept alive for its peer's next request). Whatever a request sets
+off is answered with a 4xx and counted by route template and status, never a 500 or a traceback. The
+service binds to the job node's address unless told otherwise (`own_address`); it never listens on
+all interfaces by default.
 """
 
 from __future__ import annotations
@@ -391,6 +391,7 @@ async def start_coordinator(
     runner = web.AppRunner(
         make_app(coord),
         access_log=None,
+        keepalive_timeout=config.guard.keepalive_s,
         logger=StrangerLog(coord.refusals),
         max_line_size=4096,
         max_field_size=4096,
