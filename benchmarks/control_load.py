@@ -35,9 +35,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,17 +174,24 @@ def _proc_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+T = TypeVar("T")
+
+#: The two ways leaders connect, interleaved in each repeat.
+KEPT, FRESH = "kept alive", "fresh connections"
+
+
 def _journal_bytes(run_dir: Path) -> int:
     return sum(p.stat().st_size for p in run_dir.glob("control.sqlite*") if p.is_file())
 
 
 class Leaders:
-    """Signed reports of many replicas, each an HTTP/1.1 POST on a fresh loopback connection.
+    """Signed reports of many replicas as HTTP/1.1 POSTs over loopback: each leader on its own
+    kept-alive connection (`keepalive`, what `ReportClient` does), or each report on a fresh
+    connection (what it did before).
 
     The request is written and the response read on a bare asyncio stream: aiohttp's client
     costs the load generator about as much CPU per request as the coordinator spends, and the
-    two share the cores. The wire bytes are what urllib sends (`check_protocol` posts one
-    through the real `ReportClient` first)."""
+    two share the cores. `check_protocol` posts through the real `ReportClient` first."""
 
     def __init__(self, url: str, secret: bytes) -> None:
         self.url = url
@@ -193,6 +200,19 @@ class Leaders:
         where = urlsplit(url)
         self.host = where.hostname or "127.0.0.1"
         self.port = int(where.port or 80)
+        self.keepalive = False
+        #: A kept-alive leader's stream, by the leader's key.
+        self.streams: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+
+    async def closing(self, work: Awaitable[T]) -> T:
+        """`work`, then every kept-alive stream closed in the same event loop (each phase of the
+        benchmark runs in a loop of its own)."""
+        try:
+            return await work
+        finally:
+            for _reader, writer in self.streams.values():
+                writer.close()
+            self.streams.clear()
 
     def request(self, report: Any) -> tuple[bytes, dict[str, str]]:
         from runtime.protocol import replica_key_id, sign
@@ -240,17 +260,31 @@ class Leaders:
             last_error="Xid 79",
         )
 
-    async def post(self, report: Any, timeout_s: float = 10.0) -> tuple[int, float, float]:
-        """(status or -1 when no answer within `timeout_s`, latency s, send time)."""
+    async def post(
+        self, report: Any, timeout_s: float = 10.0, leader: int | None = None
+    ) -> tuple[int, float, float]:
+        """(status or -1 when no answer within `timeout_s`, latency s, send time); kept alive,
+        on the stream of `leader` (default: the report's replica)."""
         body, headers = self.request(report)
+        close = "" if self.keepalive else "Connection: close\r\n"
         head = (
             f"POST /v1/reports HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n{close}"
             + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
             + "\r\n"
         )
         sent = time.time()
         t0 = time.perf_counter()
+        if self.keepalive:
+            key = report.replica if leader is None else leader
+            try:
+                status = await asyncio.wait_for(self._kept(key, head.encode() + body), timeout_s)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+                stale = self.streams.pop(key, None)
+                if stale is not None:
+                    stale[1].close()
+                status = -1
+            return status, time.perf_counter() - t0, sent
 
         async def exchange() -> int:
             reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -266,6 +300,33 @@ class Leaders:
         except (TimeoutError, OSError, IndexError, ValueError):
             status = -1
         return status, time.perf_counter() - t0, sent
+
+    async def _kept(self, key: int, payload: bytes) -> int:
+        """One exchange on `key`'s stream; a stream the coordinator closed is opened again once
+        (the same signed bytes: a report it already took is refused as a replay)."""
+        for reused in (key in self.streams, False):
+            if key not in self.streams:
+                self.streams[key] = await asyncio.open_connection(self.host, self.port)
+            reader, writer = self.streams[key]
+            try:
+                writer.write(payload)
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                fields = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (x.partition(":") for x in lines[1:])
+                }
+                await reader.readexactly(int(fields.get("content-length", "0")))
+                if fields.get("connection", "").lower() == "close":
+                    self.streams.pop(key)
+                    writer.close()
+                return int(lines[0].split(" ", 2)[1])
+            except (OSError, asyncio.IncompleteReadError):
+                self.streams.pop(key, None)
+                writer.close()
+                if not reused:
+                    raise
+        raise AssertionError("unreachable")
 
 
 async def window(leaders: Leaders, steady: int, seconds: float, burst: list[int]) -> dict[str, Any]:
@@ -312,7 +373,7 @@ async def saturate(leaders: Leaders, steady: int, seconds: float, senders: int) 
         nonlocal answered
         k = i
         while time.perf_counter() < stop:
-            status, _, _ = await leaders.post(leaders.status(k % steady))
+            status, _, _ = await leaders.post(leaders.status(k % steady), leader=-1 - i)
             answered += status == 200
             k += senders
 
@@ -331,7 +392,7 @@ def drain(leaders: Leaders, replica: int, limit_s: float = 90.0) -> float:
 
     start = time.monotonic()
     while time.monotonic() - start < limit_s:
-        if asyncio.run(probe()) < 0.1:
+        if asyncio.run(leaders.closing(probe())) < 0.1:
             return time.monotonic() - start
         time.sleep(0.5)
     return float("nan")
@@ -439,7 +500,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     steady, repeats = args.replicas, args.repeat
-    total = steady + 2 * BURST * repeats
+    total = steady + 2 * 2 * BURST * repeats  # a burst per window: two loads, two modes
     if args.serve:
         served = serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"]))
         profile_to = os.environ.get("CONTROL_LOAD_PROFILE")
@@ -482,7 +543,7 @@ def main() -> int:
         check_protocol(url, secret, 0)
         leaders = Leaders(url, secret)
         leaders.seq[0] = 1
-        asyncio.run(warm_up(leaders, total))
+        asyncio.run(leaders.closing(warm_up(leaders, total)))
         run = Run(
             "control_load",
             "Control plane under load",
@@ -490,7 +551,9 @@ def main() -> int:
             f"written by group commit: one fsync per batch, decisions answered once durable; "
             f"in-memory Slurm backend). Each repeat runs two windows, interleaved: {steady:,} "
             f"and {args.low:,} replica leaders each sending a signed status report once a second "
-            f"for {args.window:g} s over fresh loopback connections; mid-window a burst of "
+            f"for {args.window:g} s, each on its own kept-alive loopback connection (as "
+            f"`ReportClient` does) and, interleaved, each report on a fresh connection (as it "
+            f"did before; rows marked so); mid-window a burst of "
             f"{BURST} fatal node-fault reports at once from {BURST} other replicas "
             f"({total:,} replicas configured). After each window, 16 leaders post back to back "
             "for 5 s (the coordinator's capacity). The leaders share the 2 cores with the "
@@ -499,14 +562,18 @@ def main() -> int:
             repeats,
         )
         loads = [steady, args.low]
-        per: dict[int, dict[str, list[float]]] = {n: {} for n in loads}
+        modes = [KEPT, FRESH]
+        per: dict[tuple[str, int], dict[str, list[float]]] = {
+            (m, n): {} for m in modes for n in loads
+        }
         group = iter(range(steady, total, BURST))
 
-        def measure(load: int, i: int) -> None:
+        def measure(load: int, i: int, mode: str) -> None:
+            leaders.keepalive = mode == KEPT
             first = next(group)
             burst = list(range(first, first + BURST))
             cpu0, bytes0, t0 = _proc_cpu_s(proc.pid), _journal_bytes(run_dir), time.perf_counter()
-            got = asyncio.run(window(leaders, load, args.window, burst))
+            got = asyncio.run(leaders.closing(window(leaders, load, args.window, burst)))
             cpu1, bytes1, t1 = _proc_cpu_s(proc.pid), _journal_bytes(run_dir), time.perf_counter()
             backlog_s = drain(leaders, 0)
             deadline = time.monotonic() + 15
@@ -537,12 +604,12 @@ def main() -> int:
                 "fatal_max": max(to_action) if to_action else nan,
                 "drain_p50": statistics.median(to_drain) if to_drain else nan,
                 "backlog_s": backlog_s,
-                "capacity": asyncio.run(saturate(leaders, steady, 5.0, 16)),
+                "capacity": asyncio.run(leaders.closing(saturate(leaders, steady, 5.0, 16))),
             }
             for key, value in figures.items():
-                per[load].setdefault(key, []).append(float(value))
+                per[mode, load].setdefault(key, []).append(float(value))
             print(
-                f"  repeat {i + 1}/{repeats} at {load}/s: p50 {figures['p50']:.1f} ms p99 "
+                f"  repeat {i + 1}/{repeats}, {mode}, at {load}/s: p50 {figures['p50']:.1f} ms p99 "
                 f"{figures['p99']:.1f} ms, answered {figures['rps']:.0f}/s, lost "
                 f"{figures['lost']}, cpu {figures['cpu']:.2f}, fatal accepted {fatal_ok}/{BURST}, "
                 f"requeued {len(to_action)}, capacity {figures['capacity']:.0f}/s",
@@ -550,10 +617,18 @@ def main() -> int:
             )
 
         for i in range(repeats):
-            for load in loads if i % 2 == 0 else loads[::-1]:
-                measure(load, i)
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                for load in loads if i % 2 == 0 else loads[::-1]:
+                    measure(load, i, mode)
         for load in loads:
-            f = per[load]
+            f = per[FRESH, load]
+            at = f"at {load:,} reports/s, {FRESH}"
+            run.row(f"report latency p50, {at}", f["p50"], "ms", digits=3)
+            run.row(f"report latency p99, {at}", f["p99"], "ms", digits=3)
+            run.row(f"reports answered per second, {at}", f["rps"], "/s", digits=0)
+            run.row(f"coordinator CPU time per report, {at}", f["cpu_ms"], "ms", digits=3)
+        for load in loads:
+            f = per[KEPT, load]
             at = f"at {load:,} reports/s"
             target = load == steady
             run.row(f"report latency p50, {at}", f["p50"], "ms", digits=3)
@@ -592,22 +667,43 @@ def main() -> int:
             run.row(f"fatal report → requeue call, median of {BURST}, {at}", f["fatal_p50"], "s")
             run.row(f"fatal report → requeue call, slowest of {BURST}, {at}", f["fatal_max"], "s")
             run.row(f"fatal report → drain call, median of {BURST}, {at}", f["drain_p50"], "s")
-        capacity = per[steady]["capacity"] + per[args.low]["capacity"]
+        capacity = {m: per[m, steady]["capacity"] + per[m, args.low]["capacity"] for m in modes}
         run.row(
-            "capacity: reports/s answered, 16 leaders posting back to back",
-            capacity,
+            f"capacity: reports/s answered, 16 leaders posting back to back, {FRESH}",
+            capacity[FRESH],
             "/s",
             digits=0,
         )
         run.row(
+            "capacity: reports/s answered, 16 leaders posting back to back",
+            capacity[KEPT],
+            "/s",
+            "≥ 2,000",
+            digits=0,
+        )
+        run.row(
             "coordinator time per report (1 / capacity)",
-            [1000 / c for c in capacity if c > 0],
+            [1000 / c for c in capacity[KEPT] if c > 0],
             "ms",
             digits=3,
         )
+        # Paired within each repeat (the same minutes of the shared machine).
+        run.row(
+            "capacity ratio, kept alive / fresh connections (paired)",
+            [k / f for k, f in zip(capacity[KEPT], capacity[FRESH], strict=True) if f > 0],
+            "",
+            digits=2,
+        )
+        cpu = {m: per[m, steady]["cpu_ms"] for m in modes}
+        run.row(
+            f"CPU per report ratio at {steady:,} reports/s, kept alive / fresh (paired)",
+            [k / f for k, f in zip(cpu[KEPT], cpu[FRESH], strict=True) if f > 0],
+            "",
+            digits=2,
+        )
         run.row(
             "coordinator RSS at the end of a window",
-            per[steady]["rss"] + per[args.low]["rss"],
+            per[KEPT, steady]["rss"] + per[KEPT, args.low]["rss"],
             "MiB",
             digits=0,
         )
@@ -617,7 +713,7 @@ def main() -> int:
             "ms",
             digits=3,
         )
-        per_ = per[steady]
+        per_ = per[KEPT, steady]
         p99 = statistics.median(per_["p99"])
         rps = statistics.median(per_["rps"])
         ok = p99 < 100 and rps >= 0.95 * steady and max(per_["lost"]) == 0
@@ -625,7 +721,7 @@ def main() -> int:
             f"- Target p99 < 100 ms at {steady:,} reports/s with no report lost: "
             + ("met." if ok else f"missed (median p99 {p99:.0f} ms, {rps:,.0f} reports/s).")
         )
-        run.notes.append(tail_note(statistics.median(per[args.low]["p99"]), args.low, p99))
+        run.notes.append(tail_note(statistics.median(per[KEPT, args.low]["p99"]), args.low, p99))
         end_mib = _journal_bytes(run_dir) / 2**20
         run.notes.append(
             "- What holds 1,000 reports/s on one event loop: the journal commits in groups (a "
