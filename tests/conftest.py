@@ -15,11 +15,21 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import machine_slots
 import pytest
 import site_install as site_install_module
 import user_harness
 
 from slurm import devcluster
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A heavy test (`slow` or `one_release`) waits for a machine-wide slot before it starts
+    (tests/machine_slots.py); outermost, so the wait is not on the test's timeout clock."""
+    heavy = item.get_closest_marker("slow") or item.get_closest_marker("one_release")
+    with machine_slots.slot(machine_slots.heavy_slots() if heavy else 0):
+        return (yield)
 
 
 def _require_slurm() -> None:

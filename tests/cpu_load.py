@@ -12,11 +12,12 @@ from contextlib import contextmanager
 def burners_needed(count: int, lanes: int) -> int:
     """How many of `count` burners to start when `lanes` test lanes run at once.
 
-    Each other lane of `make test` (tests/slow_tiers.py) keeps at least a core's worth of dev
-    cluster, torch and Slurm processes runnable, so it already stands for one burner; the
-    machine is as busy as the test asks, and extra spinning would only slow the other lanes.
+    Beside the story, `make test`'s other lanes (tests/slow_tiers.py) together keep at least a
+    core's worth of dev-cluster, Slurm and torch processes runnable (load average 5 and more on
+    this 2-core machine), so they stand for one burner; spinning the rest too would only starve
+    the heavy test that holds the other slot (tests/machine_slots.py).
     """
-    return max(0, count - max(0, lanes - 1))
+    return max(0, count - 1) if lanes > 1 else max(0, count)
 
 
 @contextmanager

@@ -10,7 +10,9 @@ every part one after the other, the host's tests as one pytest run.
 
 Each part gets `FTHSDP_TEST_LANES`, the number of lanes running at once: the stories that promise
 to work on a busy machine start only the CPU burners that the other lanes do not already stand
-for (`tests/cpu_load.py`).
+for (`tests/cpu_load.py`). And `FTHSDP_HEAVY_SLOTS`, one per core: the heavy tests (`slow`,
+`one_release`) of every lane take turns for that many machine-wide slots
+(`tests/machine_slots.py`), while the light dev-cluster tests run beside them.
 
 On SIGINT or SIGTERM every part gets SIGINT (pytest's KeyboardInterrupt runs the fixtures'
 teardown, which stops their dev clusters), then SIGKILL after a grace. Each part runs in its own
@@ -131,9 +133,12 @@ def lanes(python: str, matrix: list[Part], log_dir: Path, serial: bool) -> list[
             for name, marks, log in HOST_SPLIT
         ]
         plan = [[part] for part in host] + [[part] for part in matrix]
+    # Beside each other, the heavy tests of all lanes take turns: one per core at a time.
+    heavy = "0" if serial else str(os.cpu_count() or 2)
     for lane in plan:
         for part in lane:
             part.env["FTHSDP_TEST_LANES"] = str(len(plan))
+            part.env["FTHSDP_HEAVY_SLOTS"] = heavy
     return plan
 
 

@@ -107,6 +107,9 @@ def test_the_host_tier_is_two_lanes_beside_each_release_and_every_part_knows_the
     marks = [part.argv[-1] for part in (first, second)]
     assert marks == ["slurm and not one_release", "one_release or (slow and not slurm)"]
     assert all(part.env["FTHSDP_TEST_LANES"] == "4" for lane in plan for part in lane)
+    assert {part.env["FTHSDP_HEAVY_SLOTS"] for lane in plan for part in lane} == {
+        str(os.cpu_count() or 2)
+    }
     assert len({part.log for lane in plan for part in lane}) == 4, "two parts share a log"
 
 
@@ -118,10 +121,11 @@ def test_serial_runs_the_host_tier_as_one_part_then_each_release() -> None:
     assert [p.name for p in lane][1:] == ["m"]
     assert lane[0].argv[-2:] == ["-m", "slurm or slow"]
     assert lane[0].env["FTHSDP_TEST_LANES"] == "1"
+    assert lane[0].env["FTHSDP_HEAVY_SLOTS"] == "0"
 
 
 @pytest.mark.parametrize(
-    ("count", "lanes", "started"), [(2, 1, 2), (2, 2, 1), (2, 3, 0), (2, 4, 0), (0, 1, 0)]
+    ("count", "lanes", "started"), [(2, 1, 2), (2, 2, 1), (2, 4, 1), (1, 4, 0), (0, 1, 0)]
 )
 def test_other_lanes_stand_for_burners(count: int, lanes: int, started: int) -> None:
     from cpu_load import burners_needed
@@ -135,3 +139,35 @@ def test_a_part_runs_with_its_own_environment(tmp_path: Path) -> None:
     part.env["FTHSDP_X"] = "7"
     assert run([[part]]) == 0
     assert out.read_text() == "7"
+
+
+def test_heavy_tests_take_turns_for_the_machines_slots(tmp_path: Path) -> None:
+    from machine_slots import slot
+
+    held: list[int | None] = []
+    order: list[str] = []
+    with slot(2, tmp_path) as a, slot(2, tmp_path) as b:
+        held += [a, b]
+        done = threading.Event()
+
+        def third() -> None:
+            with slot(2, tmp_path, poll_s=0.01) as c:
+                order.append(f"third got {c}")
+            done.set()
+
+        t = threading.Thread(target=third)
+        t.start()
+        assert not done.wait(0.3), "a third holder got in while both slots were taken"
+        order.append("first two leave")
+    assert done.wait(10)
+    t.join()
+    assert held == [0, 1]
+    assert order[0] == "first two leave" and order[1].startswith("third got ")
+
+
+def test_no_limit_means_no_wait(tmp_path: Path) -> None:
+    from machine_slots import slot
+
+    with slot(0, tmp_path) as a, slot(0, tmp_path) as b:
+        assert (a, b) == (None, None)
+    assert not list(tmp_path.iterdir())
