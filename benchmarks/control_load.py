@@ -203,6 +203,8 @@ class Leaders:
         self.keepalive = False
         #: A kept-alive leader's stream, by the leader's key.
         self.streams: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+        #: One report at a time per leader, as `ReportClient`'s one sending thread does.
+        self.turns: dict[int, asyncio.Lock] = {}
 
     async def closing(self, work: Awaitable[T]) -> T:
         """`work`, then every kept-alive stream closed in the same event loop (each phase of the
@@ -213,6 +215,7 @@ class Leaders:
             for _reader, writer in self.streams.values():
                 writer.close()
             self.streams.clear()
+            self.turns.clear()
 
     def request(self, report: Any) -> tuple[bytes, dict[str, str]]:
         from runtime.protocol import replica_key_id, sign
@@ -277,8 +280,12 @@ class Leaders:
         t0 = time.perf_counter()
         if self.keepalive:
             key = report.replica if leader is None else leader
+            turn = self.turns.setdefault(key, asyncio.Lock())
             try:
-                status = await asyncio.wait_for(self._kept(key, head.encode() + body), timeout_s)
+                async with turn:
+                    status = await asyncio.wait_for(
+                        self._kept(key, head.encode() + body), timeout_s
+                    )
             except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError, ValueError):
                 stale = self.streams.pop(key, None)
                 if stale is not None:
