@@ -145,11 +145,6 @@ class ReportClient:
         finally:
             self._http.close()
 
-    @property
-    def connections(self) -> int:
-        """Connections opened to the coordinator so far."""
-        return self._http.opened
-
     def close(self, timeout_s: float = 2.0) -> None:
         with_timeout = time.monotonic() + timeout_s
         try:

@@ -110,15 +110,13 @@ def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]
 
 def lanes(python: str, matrix: list[Part], log_dir: Path, serial: bool) -> list[list[Part]]:
     """The parts of the slow tier, lane by lane; each part told how many lanes run at once."""
-    pytest = [python, "-m", "pytest", "--durations=15"]
-    if serial:
-        plan = [[Part("slurm and slow tests on the host", [*pytest, "-m", "slurm or slow"])]]
-        plan[0].extend(matrix)
-    else:
-        # Two lanes: four (the host's tier split in two, each release apart) took the load
-        # average past 15 and the heavy stories failed for want of CPU (docs/benchmarks.md).
-        plan = [[Part("slurm and slow tests on the host", [*pytest, "-m", "slurm or slow"])]]
-        plan.append(matrix)
+    host = Part(
+        "slurm and slow tests on the host",
+        [python, "-m", "pytest", "--durations=15", "-m", "slurm or slow"],
+    )
+    # Two lanes: four (the host's tier split in two, each release apart) took the load average
+    # past 15 and the heavy stories failed for want of CPU (docs/benchmarks.md).
+    plan = [[host, *matrix]] if serial else [[host], matrix]
     # Beside each other, the heavy tests of all lanes take turns: one per core at a time.
     heavy = "0" if serial else str(os.cpu_count() or 2)
     for lane in plan:

@@ -321,8 +321,6 @@ class _Guarded(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.peer = ""
         self.stage: Stage = "header"
-        #: Trusted and between requests (in `guard.idle`).
-        self.idle = False
         #: Trusted and past its lifetime: closed after the answer in progress.
         self.retiring = False
         #: Counted in `guard.open` (until aborted or lost).
@@ -355,7 +353,7 @@ class _Guarded(asyncio.Protocol):
     def _lifetime(self) -> None:
         if self.stage != "trusted":
             self.abort("connection lifetime")
-        elif self.idle:
+        elif self in self._guard.idle:
             self.retire(None)
         else:
             self.retiring = True
@@ -395,7 +393,7 @@ class _Guarded(asyncio.Protocol):
             self._rest(True)
 
     def _rest(self, idle: bool) -> None:
-        self.idle = idle
+        """Into or out of `guard.idle`: trusted and between requests."""
         if idle:
             self._guard.idle[self] = None
         else:
