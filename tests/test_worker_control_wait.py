@@ -27,10 +27,11 @@ NOW = 10_000.0
 
 @dataclass
 class FakeEnv:
-    """The two things `ControlRestartWait` reads of a worker's environment."""
+    """What `ControlRestartWait` reads of a worker's environment."""
 
     found: ControlEndpoints | None
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(join_s=30.0))
+    lighthouse_forwarder: str | None = None
 
     def endpoints(self) -> ControlEndpoints | None:
         return self.found
@@ -76,7 +77,7 @@ def test_what_a_failed_quorum_is_taken_for(
         assert err.value.exit_code == ExitCode.PROCESS_FAULT
 
 
-def test_a_lighthouse_that_moved_is_a_process_fault_even_while_settling(lighthouse: str) -> None:
+def test_a_lighthouse_that_moved_is_a_process_fault_without_a_forwarder(lighthouse: str) -> None:
     old = "http://127.0.0.1:1"
     env = FakeEnv(ControlEndpoints(old, None, NOW - 500))
     wait = waiter(env, old)
@@ -84,3 +85,22 @@ def test_a_lighthouse_that_moved_is_a_process_fault_even_while_settling(lighthou
     with pytest.raises(FatalWorkerError, match=r"moved from http://127\.0\.0\.1:1 ") as err:
         wait.wait_out(RuntimeError("transport error"), time.monotonic() + 5)
     assert err.value.exit_code == ExitCode.PROCESS_FAULT
+
+
+@pytest.mark.parametrize("started_now", [NOW - 5, NOW - 400])
+def test_a_lighthouse_that_moved_is_followed_through_the_forwarder(
+    lighthouse: str, started_now: float
+) -> None:
+    """The Manager dials the supervisor's forwarder, which dials whatever control.json names:
+    the worker retries in process and keeps its state, and later failures compare against the
+    new address and incarnation (a settled, unchanged plane's failure is real again)."""
+    old = "http://127.0.0.1:1"
+    env = FakeEnv(ControlEndpoints(old, None, NOW - 500), lighthouse_forwarder="http://127.0.0.1:2")
+    wait = waiter(env, old)
+    env.found = ControlEndpoints(lighthouse, None, started_now)
+    wait.wait_out(RuntimeError("transport error"), time.monotonic() + 5)
+    assert (wait.lighthouse, wait.control_started_at) == (lighthouse, started_now)
+    assert wait.epoch() == int(started_now)
+    if started_now < NOW - 30:
+        with pytest.raises(FatalWorkerError, match="quorum failed"):
+            wait.wait_out(RuntimeError("Timeout expired"), time.monotonic() + 5)

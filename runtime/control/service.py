@@ -23,9 +23,10 @@ and the job exits 0 instead of holding its node until its time limit.
 
 When the control job is requeued, the new incarnation finds the journal in the run directory,
 rebuilds its state from it and carries on. It listens on the ports the previous incarnation wrote
-to `control.json` when it is on the same address and they are free (`previous_ports`): torchft's
-Manager keeps the Lighthouse address it was built with and reconnects to it, so stable addresses
-let the replicas ride through; a quorum that fails meanwhile is retried by the worker once the
+to `control.json` when it is on the same address and they are free (`previous_ports`), so that
+whatever holds the old addresses (an operator's dashboard or script) keeps working. The
+replicas' Managers reach the Lighthouse through their supervisors' forwarders, which follow the
+address in `control.json`, and a quorum that fails meanwhile is retried by the worker once the
 Lighthouse is back (see docs/control-plane.md, "When the control job is requeued").
 """
 

@@ -3,9 +3,13 @@
 A worker may start before the control job's Lighthouse listens, and the control job may be
 restarted while the run trains. `wait_for_lighthouse` waits (re-reading the control file) until
 the Lighthouse accepts connections. `ControlRestartWait` decides, after a failed quorum, whether
-the control job was restarted and came back at the same address (retry the quorum) or the
-failure is real or the Lighthouse moved (a process fault: torchft's Manager cannot follow a
-Lighthouse that moved, so the supervisor relaunches the step with the new address).
+the control job was restarted and its Lighthouse is back (retry the quorum) or the failure is
+real (a process fault). A Lighthouse that moved (the control job restarted on another node or
+port) is followed in process when the Manager goes through the supervisor's forwarder
+(`runtime.control.lighthouse_forwarder` dials the address in `control.json` for every
+connection), as every Slurm run's does: the replica keeps its model, optimizer and ledger in
+memory. Without a forwarder (a bare address in the environment) torchft's Manager cannot follow
+it, and the worker exits to be relaunched with the new address.
 
 A restarted Lighthouse knows no quorum: the replicas come back to it one by one, and its first
 quorums may fail (a peer still out on its own retry is missing from the process group). A
@@ -102,12 +106,13 @@ class ControlRestartWait:
 
     def wait_out(self, exc: Exception, give_up: float) -> None:
         """After a failed quorum: return (to retry it) if the control job was restarted, or
-        started less than the join timeout ago, and its Lighthouse is (back) at the same address;
-        raise the process fault otherwise.
+        started less than the join timeout ago, and its Lighthouse is back, at the same address
+        or behind the forwarder; raise the process fault otherwise.
 
-        torchft's Manager keeps the Lighthouse address it was built with and reconnects to it;
-        it cannot follow a Lighthouse that moved, so then this rank exits with a process fault
-        and its supervisor relaunches the step in place with the new address.
+        torchft's Manager keeps the Lighthouse address it was built with and reconnects to it.
+        That address is the forwarder's, which stays put while the gate behind it moves; a
+        Manager built on the gate's own address cannot follow a move, so then this rank exits
+        with a process fault and its supervisor relaunches the step with the new address.
         """
         failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
         found = self.env.endpoints()
@@ -121,11 +126,21 @@ class ControlRestartWait:
         except FatalWorkerError:
             raise failed from exc
         if lighthouse != self.lighthouse:
-            raise FatalWorkerError(
-                f"the quorum service moved from {self.lighthouse} to {lighthouse} (control job "
-                "restarted elsewhere); exiting to be relaunched with the new address",
-                ExitCode.PROCESS_FAULT,
-            ) from exc
+            if self.env.lighthouse_forwarder is None:
+                raise FatalWorkerError(
+                    f"the quorum service moved from {self.lighthouse} to {lighthouse} (control "
+                    "job restarted elsewhere); exiting to be relaunched with the new address",
+                    ExitCode.PROCESS_FAULT,
+                ) from exc
+            # The Manager talks to the supervisor's forwarder, which dials the address in
+            # control.json for every connection: it follows the move, and the state stays.
+            log.warning(
+                "the quorum service moved from %s to %s; following it through %s",
+                self.lighthouse,
+                lighthouse,
+                self.env.lighthouse_forwarder,
+            )
+            self.lighthouse = lighthouse
         found = self.env.endpoints()
         self.control_started_at = found.started_at if found else None
         when = "restarted" if restarted else "settles after its start"
