@@ -195,38 +195,41 @@ class LedgerVerdict:
     samples: int
     pending: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Steps committed more than once: the run went back (a restore from a checkpoint or a
+    #: fresh start) and the first commits' training was lost with the state they built.
+    rolled_back: int = 0
 
 
 def verify(records: Iterable[LedgerRecord]) -> LedgerVerdict:
-    """Replay the committed steps and check that every sample was trained exactly once.
+    """Replay the committed steps and check that every sample was trained exactly once, judged
+    against the history of the final state.
 
-    Records of one step must agree on the state and the contributors (they saw the same quorum);
-    each step must start from the state the previous one left; a replica's own unit must be the
-    one its slot was issued. Then the trained units may not overlap (nothing trained twice), and
-    with the units still pending at the end they must tile the stream from where the first step
-    started (nothing skipped).
+    That history is found backwards from the last step: the record of each step whose commit
+    yields the state the next step started from (one step has one head per history, as a head
+    fixes the next state). Records off it are steps whose training a rollback discarded (the
+    run went back to a checkpoint, or started over), counted in `rolled_back`, unless a replica
+    that the history says contributed to that step has no record on it: that replica trained
+    some other unit (replicas disagree). On the history, each step must start from the state
+    the previous one left, and a replica's own unit must be the one its slot was issued. Then
+    the trained units may not overlap (nothing trained twice), and with the units still pending
+    at the end they must tile the stream from where the first step started (nothing skipped).
     """
-    by_step: dict[int, list[LedgerRecord]] = {}
+    by_step: dict[int, dict[str, list[LedgerRecord]]] = {}
     for rec in records:
-        by_step.setdefault(rec.step, []).append(rec)
+        by_step.setdefault(rec.step, {}).setdefault(rec.head(), []).append(rec)
+    if not by_step:
+        return LedgerVerdict(ok=True, steps=0, samples=0)
     problems: list[str] = []
+    steps = sorted(by_step)
+    history = _history(by_step, problems)
+    geometry = {(recs[0].slots, recs[0].replica_batch) for recs in history.values()}
+    if len(geometry) > 1:
+        problems.append(f"slots/batch changed over the run: {sorted(geometry)}")
     trained: list[tuple[Slot, int]] = []
-    start: LedgerState | None = None
     after: LedgerState | None = None
-    geometry: tuple[int, int] | None = None
-    for step in sorted(by_step):
-        recs = by_step[step]
-        heads = {r.head() for r in recs}
-        if len(heads) != 1:
-            problems.append(f"step {step}: replicas disagree on the ledger state: {sorted(heads)}")
-            continue
-        ref = recs[0]
+    for step in steps:
+        ref = history[step][0]
         state = ref.state()
-        if geometry is None:
-            geometry = (ref.slots, ref.replica_batch)
-        elif geometry != (ref.slots, ref.replica_batch):
-            problems.append(f"step {step}: slots/batch changed from {geometry}")
-            continue
         if after is not None and state != after:
             kind = "skipped" if state.cursor > after.cursor else "repeated"
             problems.append(
@@ -241,34 +244,92 @@ def verify(records: Iterable[LedgerRecord]) -> LedgerVerdict:
             problems.append(f"step {step}: {exc}")
             after = None
             continue
-        start = start or state
-        for r in recs:
-            if not 0 <= r.replica < ref.slots:
-                problems.append(f"step {step}: replica {r.replica} has no slot of {ref.slots}")
-                continue
-            own = (r.lo, r.hi)
-            want = (
-                (units[r.replica].lo, units[r.replica].hi) if r.replica in r.contributors else None
-            )
-            if want is None and own != (None, None):
-                problems.append(
-                    f"step {step}: replica {r.replica} did not contribute but has {own}"
-                )
-            elif want is not None and own != want:
-                problems.append(f"step {step}: replica {r.replica} share {own} off-slot {want}")
+        problems += _shares(step, history[step], units)
+        problems += _off_history(step, by_step[step], ref)
         trained += [(units[s], step) for s in ref.contributors]
+    start = history[steps[0]][0].state()
     samples = sum(u.hi - u.lo for u, _ in trained)
-    if start is not None and after is not None:
+    if after is not None:
         problems += _tiling(start, after, trained)
-    if by_step:
-        steps = sorted(by_step)
-        missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
-        if missing:
-            problems.append(f"steps never committed: {missing[:10]}")
+    missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
+    if missing:
+        problems.append(f"steps never committed: {missing[:10]}")
     pending = sum(u.hi - u.lo for u in after.pending) if after else 0
     return LedgerVerdict(
-        ok=not problems, steps=len(by_step), samples=samples, pending=pending, problems=problems
+        ok=not problems,
+        steps=len(by_step),
+        samples=samples,
+        pending=pending,
+        problems=problems,
+        rolled_back=sum(1 for step in steps if _redone(by_step[step], history[step][0])),
     )
+
+
+def _history(
+    by_step: dict[int, dict[str, list[LedgerRecord]]], problems: list[str]
+) -> dict[int, list[LedgerRecord]]:
+    """The records of each step on the final state's history, walking back from the last step.
+
+    Where no head of a step leads to the next step's start (a gap the replay reports), the
+    head most replicas recorded stands in, so the walk goes on.
+    """
+    steps = sorted(by_step, reverse=True)
+    last = by_step[steps[0]]
+    if len(last) > 1:
+        problems.append(f"step {steps[0]}: replicas disagree on the ledger state: {sorted(last)}")
+    history: dict[int, list[LedgerRecord]] = {}
+    wanted: LedgerState | None = None
+    for step in steps:
+        heads = by_step[step]
+        leads = [h for h, rs in heads.items() if wanted is not None and _leads_to(rs[0], wanted)]
+        head = leads[0] if leads else max(heads, key=lambda h: (len(heads[h]), h))
+        history[step] = heads[head]
+        wanted = heads[head][0].state()
+    return history
+
+
+def _leads_to(rec: LedgerRecord, state: LedgerState) -> bool:
+    try:
+        return commit(rec.state(), rec.contributors, rec.slots, rec.replica_batch) == state
+    except ValueError:
+        return False
+
+
+def _shares(step: int, recs: list[LedgerRecord], units: list[Slot]) -> list[str]:
+    """Each record's own unit is the one its slot was issued (None when it did not contribute)."""
+    problems: list[str] = []
+    for r in recs:
+        if not 0 <= r.replica < r.slots:
+            problems.append(f"step {step}: replica {r.replica} has no slot of {r.slots}")
+            continue
+        own = (r.lo, r.hi)
+        want = (units[r.replica].lo, units[r.replica].hi) if r.replica in r.contributors else None
+        if want is None and own != (None, None):
+            problems.append(f"step {step}: replica {r.replica} did not contribute but has {own}")
+        elif want is not None and own != want:
+            problems.append(f"step {step}: replica {r.replica} share {own} off-slot {want}")
+    return problems
+
+
+def _off_history(step: int, heads: dict[str, list[LedgerRecord]], ref: LedgerRecord) -> list[str]:
+    """A contributor of the step on the history with no record on it trained another unit."""
+    on = {r.replica for r in heads[ref.head()]}
+    off = sorted({(r.replica, h) for h, recs in heads.items() if h != ref.head() for r in recs})
+    return [
+        f"step {step}: replicas disagree on the ledger state: replica {replica} recorded "
+        f"{head}, the run's history {ref.head()}"
+        for replica, head in off
+        if replica in ref.contributors and replica not in on
+    ]
+
+
+def _redone(heads: dict[str, list[LedgerRecord]], ref: LedgerRecord) -> bool:
+    """The step was committed more than once: a head off the history, or one replica's record
+    of it twice (a rollback to a state the history had, replayed the same way)."""
+    if len(heads) > 1:
+        return True
+    replicas = [r.replica for r in heads[ref.head()]]
+    return len(replicas) != len(set(replicas))
 
 
 def _merged(units: Iterable[Slot]) -> list[Slot]:

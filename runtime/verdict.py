@@ -22,6 +22,8 @@ class LedgerCheck:
     ok: bool
     steps: int
     problems: list[str] = field(default_factory=list)
+    #: Steps committed, lost to a rollback and trained again (`LedgerVerdict.rolled_back`).
+    rolled_back: int = 0
 
 
 def check_ledger(run_dir: Path, target_steps: int | None = None) -> LedgerCheck:
@@ -32,7 +34,9 @@ def check_ledger(run_dir: Path, target_steps: int | None = None) -> LedgerCheck:
     problems = list(verdict.problems)
     if target_steps is not None and steps != target_steps:
         problems.append(f"{steps} steps committed, expected {target_steps}")
-    return LedgerCheck(ok=not problems, steps=steps, problems=problems)
+    return LedgerCheck(
+        ok=not problems, steps=steps, problems=problems, rolled_back=verdict.rolled_back
+    )
 
 
 def final_weights_agree(run_dir: Path, replicas: Iterable[int] | None = None) -> bool:

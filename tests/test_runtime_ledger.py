@@ -4,8 +4,10 @@ joining) are re-issued at later steps; `verify` replays the records and proves e
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,12 +85,16 @@ def test_rank_slices_tile_a_replica_share() -> None:
 
 
 def play(
-    steps: Sequence[tuple[Sequence[int], Sequence[int]]], slots: int
+    steps: Sequence[tuple[Sequence[int], Sequence[int]]],
+    slots: int,
+    state: LedgerState | None = None,
+    first: int = 0,
 ) -> tuple[list[LedgerRecord], LedgerState]:
-    """Records a run writes: per step (contributors, healing replicas that also committed)."""
-    state = LedgerState()
+    """Records a run writes: per step (contributors, healing replicas that also committed),
+    from `state` at step `first` (a fresh run by default)."""
+    state = state or LedgerState()
     out: list[LedgerRecord] = []
-    for step, (contributors, healing) in enumerate(steps):
+    for step, (contributors, healing) in enumerate(steps, start=first):
         for r in [*contributors, *healing]:
             out.append(LedgerRecord.make(step, r, state, contributors, slots, B))
         state = ledger.commit(state, contributors, slots, B)
@@ -146,6 +152,61 @@ def test_random_failures_keep_exactly_once(seed: int) -> None:
     verdict = ledger.verify(records)
     assert verdict.ok, verdict.problems
     assert verdict.samples + verdict.pending == state.cursor
+
+
+WHOLE: tuple[list[int], list[int]] = ([0, 1, 2], [])
+
+
+def _state_at(records: list[LedgerRecord], step: int) -> LedgerState:
+    return next(r.state() for r in records if r.step == step)
+
+
+def test_a_rollback_to_a_checkpoint_counts_the_discarded_steps_not_a_repeat() -> None:
+    """Every replica lost at step 6, restored from the checkpoint of step 3 (its ledger state
+    with it); the replayed steps 3-5 go otherwise (replica 1 is late). Judged against the
+    restored history, every sample once; the three discarded steps are `rolled_back`."""
+    first, _ = play([WHOLE, WHOLE, ([0, 2], []), WHOLE, WHOLE, WHOLE], 3)
+    again, end = play([([0, 2], [1]), WHOLE, WHOLE, WHOLE], 3, _state_at(first, 3), first=3)
+    verdict = ledger.verify(first + again)
+    assert verdict.ok, verdict.problems
+    assert verdict.rolled_back == 3 and verdict.steps == 7
+    assert verdict.samples + verdict.pending == end.cursor
+
+
+def test_a_fresh_start_replayed_the_same_way_is_rolled_back_too() -> None:
+    """A run that started over from sample 0 with the same contributors writes the same heads
+    again: the same replica's record of a step twice is the evidence."""
+    first, _ = play([WHOLE] * 4, 3)
+    again, end = play([WHOLE] * 6, 3)
+    verdict = ledger.verify(first + again)
+    assert verdict.ok, verdict.problems
+    assert verdict.rolled_back == 4 and verdict.samples == end.cursor
+
+
+def test_a_replica_on_its_own_stale_ledger_is_found_at_every_step() -> None:
+    """Replica 2 contributed from step 2 on with the ledger state it had at step 1 (a heal that
+    did not bring the peer's state): it trained other units than the run issued its slot."""
+    run, _ = play([WHOLE] * 5, 3)
+    stale = [
+        _edit(r, **json.loads(r0.head()), lo=None, hi=None)
+        for r, r0 in zip(
+            [r for r in run if r.replica == 2 and r.step >= 2],
+            [r for r in run if r.replica == 2 and r.step >= 1],
+            strict=False,
+        )
+    ]
+    records = [r for r in run if not (r.replica == 2 and r.step >= 2)] + stale
+    verdict = ledger.verify(records)
+    found = [p for p in verdict.problems if "replica 2 recorded" in p]
+    assert [p.split(":")[0] for p in found] == ["step 2", "step 3", "step 4"], verdict.problems
+
+
+def test_a_rollback_to_a_state_the_run_never_had_is_a_gap() -> None:
+    first, _ = play([WHOLE] * 4, 3)
+    shifted = replace(_state_at(first, 2), cursor=_state_at(first, 2).cursor + B)
+    again, _ = play([WHOLE] * 3, 3, shifted, first=2)
+    verdict = ledger.verify(first + again)
+    assert any("skipped" in p for p in verdict.problems), verdict.problems
 
 
 def _edit(rec: LedgerRecord, **fields: object) -> LedgerRecord:

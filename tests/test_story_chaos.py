@@ -14,8 +14,9 @@ healed afterwards, as an operator would, so the next fault has a node to go to.
 
 After the run finished, whatever the schedule was:
 
-- every unit was trained exactly once and every step reached (the ledger), and the final
-  weights of all replicas agree;
+- every unit was trained exactly once and every step reached (the ledger), no committed step
+  was lost to a rollback (the run never went back to an older state), and the final weights of
+  all replicas agree;
 - every requeue in the journal is of a replica a requeueing fault struck, one per fault;
 - the administrator's drain is exactly as they left it;
 - no job of the run is left running or queued.
@@ -314,6 +315,8 @@ class Campaign:
         assert final_weights_agree(self.run_dir, [0, 1, 2]), "the final weights differ"
         ledger = check_ledger(self.run_dir, STEPS)
         assert ledger.ok, ledger.problems
+        # No fault of the short set or the campaign loses every replica's state at once.
+        assert ledger.rolled_back == 0, f"{ledger.rolled_back} committed steps were rolled back"
         requeued = [job for job, _ in requeues_in_journal(self.run_dir, self.env)]
         problems = unattributed_requeues(requeued, self.schedule, self.jobs)
         assert not problems, problems
