@@ -61,10 +61,34 @@ def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-d
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _queue() -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-o", "%i %u %T %R"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    ).stdout.strip()
+
+
+def _start_quiet() -> None:
+    """These stories place jobs on named nodes: a job an earlier story left in the shared cluster
+    (pending with a higher priority, or still completing) would hold a node back ("ReqNodeNotAvail,
+    May be reserved for other job"). Cancel what is left and wait for an empty queue."""
+    ids = [line.split()[0] for line in _queue().splitlines() if line.strip()]
+    if ids:
+        subprocess.run(["scancel", "--quiet", *ids], timeout=20, check=False)
+    deadline = time.monotonic() + 90
+    while _queue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _queue(), f"jobs left by an earlier test will not end:\n{_queue()}"
+
+
 @pytest.fixture
 def health_cluster(
     slurm_cluster: devcluster.DevClusterConfig, tmp_path: Path
 ) -> Iterator[HealthCluster]:
+    _start_quiet()
     root = tmp_path / "hw"
     for node in slurm_cluster.node_names:
         write_node_inputs(root, node, gpus=slurm_cluster.gpus_per_node)
@@ -140,10 +164,14 @@ def test_prolog_drains_bad_node_job_runs_elsewhere_healthcheck_resumes(
         logs = [
             *sorted(hc.root.glob("health-*.log")),
             hc.cfg.directory / "log" / "slurmd-node1.log",
+            hc.cfg.directory / "log" / "slurmctld.log",
         ]
-        tails = "\n".join(f"== {p}\n" + "\n".join(p.read_text().splitlines()[-15:]) for p in logs)
+        tails = "\n".join(
+            f"== {p}\n" + "\n".join(p.read_text().splitlines()[-25:]) for p in logs if p.exists()
+        )
+        nodes = _scontrol("show", "node", "node1,node2")
         raise AssertionError(
-            f"{_scontrol('show', 'job', job)}\n{_scontrol('show', 'node', 'node1')}\n{tails}"
+            f"{_scontrol('show', 'job', job)}\n== queue\n{_queue()}\n{nodes}\n{tails}"
         ) from exc
     assert int(_job_field(job, "Restarts")) >= 1
     assert "ran-on=node2" in out.read_text()
