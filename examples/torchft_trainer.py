@@ -8,6 +8,12 @@ Lighthouse from `TORCHFT_LIGHTHOUSE` (torchft's Manager reads it), the group's s
 per committed step; a group that (re)joins late heals from a peer through torchft's checkpoint
 transport, so its first step line is the peers' step, not 1.
 
+Gradients are averaged through `Manager.allreduce`, not torchft's `DistributedDataParallel`: in
+torchft 0.2.0 that wrapper's comm hook fails `assert fut._fut` when a peer dies during the
+allreduce (the work's `wait()` raised, so its future was never set), which takes a healthy
+trainer down with the dead one. `Manager.allreduce`'s work reports the error to the Manager
+instead, and the step is not committed.
+
     python examples/torchft_trainer.py --steps 200 [--step-sleep 0.2] [--progress-file F]
 """
 
@@ -23,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn, optim
 from torch.distributed import TCPStore
-from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+from torchft import Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing import HTTPTransport
 
 
@@ -32,6 +38,14 @@ def _rank() -> tuple[int, int]:
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
     world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
     return rank, world
+
+
+def average_gradients(manager: Manager, model: nn.Module) -> None:
+    """Average every gradient over the participating groups. A failed allreduce is reported to
+    the Manager by `wait()`, which then votes against committing this step."""
+    works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
+    for work in works:
+        work.wait()
 
 
 def main() -> None:
@@ -79,7 +93,6 @@ def main() -> None:
         quorum_timeout=timeout * 3,
         checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0),
     )
-    ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     target = nn.Linear(16, 4)
     progress = open(args.progress_file, "a") if args.progress_file and rank == 0 else None  # noqa: SIM115
@@ -90,8 +103,9 @@ def main() -> None:
             with torch.no_grad():
                 y = target(x)
             optimizer.zero_grad()  # starts the quorum; heals from a peer when behind
-            loss = nn.functional.mse_loss(ddp(x), y)
+            loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
+            average_gradients(manager, model)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             optimizer.step()  # steps only when every participant voted to commit
