@@ -64,6 +64,7 @@ from control_harness import (
 )
 from user_harness import SiteUser
 
+from runtime.env import DEFAULT_JOIN_S
 from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.devcluster import DevClusterConfig
@@ -315,8 +316,22 @@ class Campaign:
         assert final_weights_agree(self.run_dir, [0, 1, 2]), "the final weights differ"
         ledger = check_ledger(self.run_dir, STEPS)
         assert ledger.ok, ledger.problems
-        # No fault of the short set or the campaign loses every replica's state at once.
-        assert ledger.rolled_back == 0, f"{ledger.rolled_back} committed steps were rolled back"
+        # No fault loses every replica's state at once, but for a control-plane outage longer
+        # than the join timeout: every worker then gives up on the quorum service, and with no
+        # checkpoint (off in this spec) the run starts over. Seen on 26.05 in `make test` (a
+        # 136 s outage, 249 steps rolled back); the ledger still holds each sample once.
+        long_outage = [
+            o.stall_s
+            for o in self.outcomes
+            if o.fault.kind == "control" and (o.stall_s or 0) > DEFAULT_JOIN_S
+        ]
+        print(
+            f"chaos rolled back {ledger.rolled_back} steps; control outages past the join "
+            f"timeout: {long_outage}"
+        )
+        assert ledger.rolled_back == 0 or long_outage, (
+            f"{ledger.rolled_back} committed steps were rolled back"
+        )
         requeued = [job for job, _ in requeues_in_journal(self.run_dir, self.env)]
         problems = unattributed_requeues(requeued, self.schedule, self.jobs)
         assert not problems, problems
