@@ -64,7 +64,6 @@ from control_harness import (
 )
 from user_harness import SiteUser
 
-from runtime.env import DEFAULT_JOIN_S
 from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.devcluster import DevClusterConfig
@@ -323,7 +322,7 @@ class Campaign:
         long_outage = [
             o.stall_s
             for o in self.outcomes
-            if o.fault.kind == "control" and (o.stall_s or 0) > DEFAULT_JOIN_S
+            if o.fault.kind == "control" and (o.stall_s or 0) > TrainSection.join_timeout_s
         ]
         print(
             f"chaos rolled back {ledger.rolled_back} steps; control outages past the join "

@@ -78,10 +78,10 @@ def _start_quiet() -> None:
     ids = [line.split()[0] for line in _queue().splitlines() if line.strip()]
     if ids:
         subprocess.run(["scancel", "--quiet", *ids], timeout=20, check=False)
-    deadline = time.monotonic() + 90
-    while _queue() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _queue(), f"jobs left by an earlier test will not end:\n{_queue()}"
+    try:
+        _wait(lambda: not _queue(), 90, "an empty queue")
+    except AssertionError as exc:
+        raise AssertionError(f"jobs left by an earlier test will not end:\n{_queue()}") from exc
 
 
 @pytest.fixture
