@@ -34,6 +34,7 @@ DEFAULT_HEARTBEAT_S = 2.0
 DEFAULT_ALLREDUCE_S = 5.0
 DEFAULT_QUORUM_S = 10.0
 DEFAULT_JOIN_S = 60.0
+DEFAULT_CONTROL_WAIT_S = 300.0
 #: Base of the rendezvous port derived from a Slurm job id.
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 20000
@@ -57,9 +58,12 @@ class Timeouts:
     allreduce_s: float = DEFAULT_ALLREDUCE_S
     quorum_s: float = DEFAULT_QUORUM_S
     join_s: float = DEFAULT_JOIN_S
+    #: How long a worker waits out a control-plane outage after a failed quorum, its model and
+    #: optimizer in memory (at least `join_s`).
+    control_s: float = DEFAULT_CONTROL_WAIT_S
 
     def problem(self) -> str | None:
-        """Why the ordering heartbeat < allreduce < quorum < join is violated (None if it holds)."""
+        """Why heartbeat < allreduce < quorum < join <= control does not hold (None if it does)."""
         order = [
             ("heartbeat", self.heartbeat_s),
             ("allreduce", self.allreduce_s),
@@ -71,6 +75,8 @@ class Timeouts:
                 return f"{a} timeout ({va}s) must be below {b} timeout ({vb}s)"
         if self.heartbeat_s <= 0:
             return "timeouts must be positive"
+        if self.control_s < self.join_s:
+            return f"control-plane wait ({self.control_s}s) must be at least the join timeout"
         return None
 
 
@@ -234,7 +240,14 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         allreduce_s=_float(env, contract.ALLREDUCE_TIMEOUT_S, DEFAULT_ALLREDUCE_S),
         quorum_s=_float(env, contract.QUORUM_TIMEOUT_S, DEFAULT_QUORUM_S),
         join_s=_float(env, contract.JOIN_TIMEOUT_S, DEFAULT_JOIN_S),
+        control_s=_float(env, contract.CONTROL_WAIT_S, DEFAULT_CONTROL_WAIT_S),
     )
+    if timeouts.control_s < timeouts.join_s:
+        raise EnvError(
+            contract.CONTROL_WAIT_S,
+            env.get(contract.CONTROL_WAIT_S),
+            f"must be >= the join timeout ({timeouts.join_s:g}s)",
+        )
     if (why := timeouts.problem()) is not None:
         raise EnvError(contract.ALLREDUCE_TIMEOUT_S, env.get(contract.ALLREDUCE_TIMEOUT_S), why)
     checks_raw = env.get(contract.HEALTH_CHECKS, "")

@@ -131,6 +131,7 @@ def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
         (contract.ALLREDUCE_TIMEOUT_S, _num(t.allreduce_timeout_s)),
         (contract.QUORUM_TIMEOUT_S, _num(t.quorum_timeout_s)),
         (contract.JOIN_TIMEOUT_S, _num(t.join_timeout_s)),
+        (contract.CONTROL_WAIT_S, _num(t.control_wait_in_effect_s)),
         (contract.CHECKPOINT_EVERY_STEPS, str(t.checkpoint_every_steps)),
         (contract.CHECKPOINT_EVERY_S, _num(t.checkpoint_every_s)),
     ]

@@ -15,7 +15,8 @@ def test_env_local_launcher_contract() -> None:
     env = parse_env(BASE)
     assert (env.replica_id, env.num_replicas, env.rank, env.world_size) == (1, 2, 1, 2)
     assert env.master_port == 29600 and not env.is_leader
-    assert env.timeouts == Timeouts(2.0, 5.0, 10.0, 60.0)
+    assert env.timeouts == Timeouts(2.0, 5.0, 10.0, 60.0, 300.0)
+    assert parse_env({**BASE, "FTHSDP_CONTROL_WAIT_S": "900"}).timeouts.control_s == 900.0
 
 
 def test_env_slurm_ranks_and_rendezvous() -> None:
@@ -50,6 +51,8 @@ def test_env_slurm_ranks_and_rendezvous() -> None:
         ({"FTHSDP_ALLREDUCE_TIMEOUT_S": "1"}, "FTHSDP_ALLREDUCE_TIMEOUT_S"),
         ({"FTHSDP_QUORUM_TIMEOUT_S": "4"}, "FTHSDP_ALLREDUCE_TIMEOUT_S"),
         ({"FTHSDP_HEALTH_CHECKS": "xid,nvlink"}, "FTHSDP_HEALTH_CHECKS"),
+        ({"FTHSDP_CONTROL_WAIT_S": "30"}, "FTHSDP_CONTROL_WAIT_S"),
+        ({"FTHSDP_CONTROL_WAIT_S": "soon"}, "FTHSDP_CONTROL_WAIT_S"),
         ({"FTHSDP_LIGHTHOUSE": None}, "FTHSDP_CONTROL_FILE"),
         ({"RANK": None, "WORLD_SIZE": None}, "RANK"),
     ],

@@ -36,6 +36,7 @@ def test_defaults_of_minimal_spec() -> None:
     assert spec.train.restart_window_s == 3600
     assert (spec.train.heartbeat_timeout_s, spec.train.allreduce_timeout_s) == (2, 5)
     assert (spec.train.quorum_timeout_s, spec.train.join_timeout_s) == (10, 60)
+    assert (spec.train.control_wait_s, spec.train.control_wait_in_effect_s) == (None, 300)
     assert (spec.train.checkpoint_every_steps, spec.train.checkpoint_every_s) == (0, 0)
     assert spec.train.steps is None
     assert spec.control.lighthouse_port == 0 and spec.control.coordinator_port == 0
@@ -167,6 +168,8 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"train": {"quorum_timeout_s": 4}}, "train.quorum_timeout_s", "heartbeat < allreduce"),
     ({"train": {"heartbeat_timeout_s": 5}}, "train.allreduce_timeout_s", "must exceed"),
     ({"train": {"join_timeout_s": 10}}, "train.join_timeout_s", "must exceed"),
+    ({"train": {"control_wait_s": 59}}, "train.control_wait_s", ">= train.join_timeout_s=60"),
+    ({"train": {"control_wait_s": "5m"}}, "train.control_wait_s", "number"),
     ({"train": {"heartbeat_timeout_s": 0}}, "train.heartbeat_timeout_s", "> 0"),
     ({"train": {"checkpoint_every_s": -1}}, "train.checkpoint_every_s", ">= 0"),
     ({"control": {"lighthouse_port": 80}}, "control.lighthouse_port", "1024..65535"),

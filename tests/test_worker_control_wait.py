@@ -10,6 +10,7 @@ the quorum for its peers once more.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -104,3 +105,48 @@ def test_a_lighthouse_that_moved_is_followed_through_the_forwarder(
     if started_now < NOW - 30:
         with pytest.raises(FatalWorkerError, match="quorum failed"):
             wait.wait_out(RuntimeError("Timeout expired"), time.monotonic() + 5)
+
+
+def _free_address() -> str:
+    """An address nothing listens on (a control plane that is down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_an_outage_longer_than_the_join_timeout_is_waited_out(lighthouse: str) -> None:
+    """The control job's node was lost and its job is pending: the worker keeps waiting, past
+    the join timeout and up to `control_s`, and retries in process once the new control plane
+    writes control.json (the state stays in memory). Giving up at the join timeout made every
+    worker of a loaded run exit at once after a 136 s outage, and the run start over."""
+    down = _free_address()
+    env = FakeEnv(
+        ControlEndpoints(down, None, NOW - 500),
+        timeouts=Timeouts(join_s=0.2, control_s=30.0),
+        lighthouse_forwarder="http://127.0.0.1:2",
+    )
+    wait = waiter(env, down)
+    started = time.monotonic()
+    timer = threading.Timer(
+        1.0, lambda: setattr(env, "found", ControlEndpoints(lighthouse, None, NOW - 1))
+    )
+    timer.start()
+    try:
+        wait.wait_out(RuntimeError("Timeout expired"), wait.deadline())
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started >= 1.0 > env.timeouts.join_s
+    assert (wait.lighthouse, wait.control_started_at) == (lighthouse, NOW - 1)
+
+
+def test_an_outage_past_the_control_wait_is_a_process_fault() -> None:
+    down = _free_address()
+    env = FakeEnv(
+        ControlEndpoints(down, None, NOW - 500), timeouts=Timeouts(join_s=0.2, control_s=0.5)
+    )
+    wait = waiter(env, down)
+    started = time.monotonic()
+    with pytest.raises(FatalWorkerError, match="quorum failed") as err:
+        wait.wait_out(RuntimeError("Timeout expired"), wait.deadline())
+    assert err.value.exit_code == ExitCode.PROCESS_FAULT
+    assert 0.5 <= time.monotonic() - started < 10

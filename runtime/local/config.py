@@ -94,6 +94,7 @@ def config_from_spec(
         allreduce_s=float(train.allreduce_timeout_s),
         quorum_s=float(train.quorum_timeout_s),
         join_s=float(train.join_timeout_s),
+        control_s=float(train.control_wait_in_effect_s),
     )
     if (why := timeouts.problem()) is not None:
         raise InputError("train.allreduce_timeout_s", train.allreduce_timeout_s, why)

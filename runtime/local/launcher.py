@@ -111,6 +111,7 @@ class LocalLauncher:
                 contract.ALLREDUCE_TIMEOUT_S: str(cfg.timeouts.allreduce_s),
                 contract.QUORUM_TIMEOUT_S: str(cfg.timeouts.quorum_s),
                 contract.JOIN_TIMEOUT_S: str(cfg.timeouts.join_s),
+                contract.CONTROL_WAIT_S: str(cfg.timeouts.control_s),
                 contract.CHECKPOINT_EVERY_STEPS: str(cfg.checkpoint_every_steps),
                 contract.CHECKPOINT_EVERY_S: str(cfg.checkpoint_every_s),
                 contract.STEPS: str(cfg.steps),

@@ -11,6 +11,12 @@ connection), as every Slurm run's does: the replica keeps its model, optimizer a
 memory. Without a forwarder (a bare address in the environment) torchft's Manager cannot follow
 it, and the worker exits to be relaunched with the new address.
 
+An outage of the control plane (its node lost, its job requeued and pending until the
+supervisor releases it) is waited out for up to `control_s` (`train.control_wait_s`, 300 s by
+default): long enough for a requeue on a busy cluster, so that no replica on a healthy node loses
+its in-memory state to it. Past that the worker exits with a process fault and its supervisor
+takes over (it waits for the control plane again before relaunching).
+
 A restarted Lighthouse knows no quorum: the replicas come back to it one by one, and its first
 quorums may fail (a peer still out on its own retry is missing from the process group). A
 failure while the control plane is younger than the join timeout is retried as part of the
@@ -97,6 +103,12 @@ class ControlRestartWait:
         """The incarnation of the control plane this worker last saw start (its start second;
         0 when unknown): what its quorums' store keys are kept apart by."""
         return int(self.control_started_at or 0)
+
+    def deadline(self) -> float:
+        """When (monotonic) a wait that starts now gives up on the control plane: after
+        `control_s`, so that a requeue of the control job on a busy cluster costs no replica its
+        in-memory state."""
+        return time.monotonic() + self.env.timeouts.control_s
 
     def settling(self, found: ControlEndpoints | None) -> bool:
         """Whether the control plane in `found` started less than the join timeout ago."""

@@ -150,7 +150,7 @@ class StepProtocol:
         timeout = (
             self.ft.env.timeouts.join_s if self._first_quorum else self.ft.env.timeouts.quorum_s
         )
-        give_up = time.monotonic() + self.ft.env.timeouts.join_s
+        give_up = self.ft.control.deadline()
         while True:
             self.ft.manager.start_quorum(timeout=timedelta(seconds=timeout))
             try:
@@ -359,9 +359,7 @@ class StepProtocol:
             # the overlapped quorum failed (every rank of the replica sees the same): wait out a
             # control-plane restart like a waited quorum does, and redo the step
             self.ft.manager.forget_quorum()
-            self._wait_out_control_restart(
-                self._quorum_error, time.monotonic() + self.ft.env.timeouts.join_s
-            )
+            self._wait_out_control_restart(self._quorum_error, self.ft.control.deadline())
         self._overlap_next = ok and self._overlap
         if ok and contributors is not None:
             state = self.ft.ledger_state  # after a heal: the peer's state, loaded in should_commit

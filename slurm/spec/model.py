@@ -325,6 +325,8 @@ class ControlSection:
 TRAIN_MODES = ("fthsdp", "torchft")
 #: Seconds without progress after which a foreign trainer's step is taken as hung (torchft mode).
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
+#: How long a replica waits out a control-plane outage by default: a requeue on a busy cluster.
+DEFAULT_CONTROL_WAIT_S = 300.0
 
 #: Placeholders `[train].progress_file` may use; filled per replica group by the supervisor.
 PROGRESS_FILE_FIELDS = ("dump_dir", "replica")
@@ -371,6 +373,10 @@ class TrainSection:
     allreduce_timeout_s: float = 5
     quorum_timeout_s: float = 10
     join_timeout_s: float = 60
+    #: How long a replica waits out an outage of the run's control plane (its node lost, the
+    #: control job requeued and pending) with its model in memory; unset means
+    #: `DEFAULT_CONTROL_WAIT_S`, or the join timeout if longer (`control_wait_in_effect_s`).
+    control_wait_s: float | None = None
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = 0
     #: Straggler policy of the control job (`runtime.control.straggler`): a replica this many
@@ -446,6 +452,14 @@ class TrainSection:
                     f"must exceed train.{lo}={getattr(self, lo)} "
                     "(required: heartbeat < allreduce < quorum < join)",
                 )
+        wait = self.control_wait_s
+        if wait is not None and not self.join_timeout_s <= wait < float("inf"):
+            raise InputError(
+                "train.control_wait_s",
+                wait,
+                f"seconds >= train.join_timeout_s={self.join_timeout_s} "
+                "(a restarted control plane takes that long to settle)",
+            )
         hung = self.progress_timeout_s
         if hung is not None and not (hung == 0 or self.join_timeout_s < hung < float("inf")):
             raise InputError(
@@ -454,6 +468,13 @@ class TrainSection:
                 f"0 (off) or seconds above train.join_timeout_s={self.join_timeout_s} "
                 "(a step may wait that long for its first quorum)",
             )
+
+    @property
+    def control_wait_in_effect_s(self) -> float:
+        """The control-plane wait in effect (`control_wait_s`)."""
+        if self.control_wait_s is None:
+            return max(DEFAULT_CONTROL_WAIT_S, self.join_timeout_s)
+        return self.control_wait_s
 
     @property
     def hung_after_s(self) -> float:

@@ -16,9 +16,6 @@ from pathlib import Path
 from slurm import contract, hostlist
 from slurm.errors import InputError
 
-#: Seconds to wait for the control plane before a launch (the scripts leave it unset: 300).
-CONTROL_WAIT_ENV = "FTHSDP_CONTROL_WAIT_S"
-
 
 @dataclass
 class SupervisorConfig:
@@ -34,7 +31,7 @@ class SupervisorConfig:
     requeue_wait_s: float = 180.0
     http_timeout_s: float = 5.0
     max_launches: int = 1000
-    #: How long to wait for the control plane before a launch.
+    #: How long to wait for the control plane before a launch (`train.control_wait_s`).
     control_wait_s: float = 300.0
     #: How often to ask Slurm whether the control job still runs while waiting for it.
     control_check_s: float = 15.0
@@ -54,7 +51,7 @@ class SupervisorConfig:
         nodelist = env.get(contract.SLURM_JOB_NODELIST_HET_GROUP_0) or env.get(
             contract.SLURM_JOB_NODELIST, ""
         )
-        control_wait_s = _seconds(env, CONTROL_WAIT_ENV, "300", "seconds >= 0")
+        control_wait_s = _seconds(env, contract.CONTROL_WAIT_S, "300", "seconds >= 0")
         # Seconds without progress after which a foreign trainer's step is hung (0: off).
         progress_timeout_s = _seconds(
             env, contract.PROGRESS_TIMEOUT_S, "0", "seconds >= 0 (0: off)"
