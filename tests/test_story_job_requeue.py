@@ -4,6 +4,9 @@
 session cluster. Once every replica trains, the control job is requeued the way Slurm or an
 operator would (`scontrol requeue` + release, through `slurm.backend`). Its Lighthouse and
 coordinator die with it; the new incarnation replays the journal and rewrites `control.json`.
+Root holds the requeued job (`scontrol hold`, which its owner cannot release) until the outage
+has outlasted the spec's join timeout (30 s), as a control job pending on a busy cluster would:
+the workers wait it out for `train.control_wait_s` with their state in memory.
 Before it starts, the test takes the old Lighthouse gate's port, so the new gate listens
 elsewhere, as after a requeue onto another node: the replicas' Managers reach the gate through
 their supervisors' forwarders, which follow the move.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,8 +58,26 @@ from runtime.control.service import previous_ports
 from runtime.env import read_control
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
+from slurm.spec import load_spec
 
 STEPS = 2000
+#: How far the control plane's outage goes past the join timeout, where workers used to give up.
+OUTAGE_PAST_JOIN_S = 15.0
+
+
+def _hold(job: str, within_s: float) -> None:
+    """`scontrol hold JOB` as root once the requeued job is pending again (a completing job
+    cannot be held)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        done = subprocess.run(
+            ["scontrol", "hold", job], capture_output=True, text=True, timeout=30, check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"scontrol hold {job}: {done.stderr.strip()}")
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +133,7 @@ def port_taken(port: int, within_s: float = 60.0) -> Iterator[None]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
 def test_replicas_ride_through_a_control_job_requeue(
     slurm_cluster: DevClusterConfig, site_user: SiteUser
 ) -> None:
@@ -142,6 +164,11 @@ def _ride_through(gated: DevClusterConfig, site_user: SiteUser) -> None:
         old_port = urlparse(first["lighthouse"]).port
         assert old_port, first
         stack.enter_context(port_taken(old_port))
+        # Pending past the join timeout: held by root, which the supervisors' release of a job
+        # held behind its requeue's begin time does not undo.
+        _hold(control_job, within_s=60)
+        join_s = load_spec(spec).train.join_timeout_s
+        time.sleep(max(0.0, t_requeue + join_s + OUTAGE_PAST_JOIN_S - time.time()))
         backend.release(control_job)
 
         # The control job comes back and rewrites control.json with its new addresses.
@@ -158,6 +185,7 @@ def _ride_through(gated: DevClusterConfig, site_user: SiteUser) -> None:
         else:
             raise AssertionError(f"control.json was not rewritten: {second}")
         t_back = time.time()
+        assert t_back - t_requeue > join_s + OUTAGE_PAST_JOIN_S, (t_requeue, t_back)
         (ctl,) = backend.jobs([control_job])
         assert ctl.restarts == 1 and ctl.state == "RUNNING", ctl
         assert second["job_id"] == control_job
