@@ -313,11 +313,12 @@ def _shares(step: int, recs: list[LedgerRecord], units: list[Slot]) -> list[str]
 
 def _off_history(step: int, heads: dict[str, list[LedgerRecord]], ref: LedgerRecord) -> list[str]:
     """A contributor of the step on the history with no record on it trained another unit."""
-    on = {r.replica for r in heads[ref.head()]}
-    off = sorted({(r.replica, h) for h, recs in heads.items() if h != ref.head() for r in recs})
+    ours = ref.head()  # serialised once, not once per record
+    on = {r.replica for r in heads[ours]}
+    off = sorted({(r.replica, h) for h, recs in heads.items() if h != ours for r in recs})
     return [
         f"step {step}: replicas disagree on the ledger state: replica {replica} recorded "
-        f"{head}, the run's history {ref.head()}"
+        f"{head}, the run's history {ours}"
         for replica, head in off
         if replica in ref.contributors and replica not in on
     ]
