@@ -499,7 +499,31 @@ def wait_until(
         if pred(reps):
             return reps
         time.sleep(2)
+    print(log_tails(run_dir))
     raise AssertionError(f"timed out waiting for {what}; last: {trace[-1][1] if trace else None}")
+
+
+def log_tails(run_dir: Path, lines: int = 15) -> str:
+    """The last lines of the run's logs (stderr of the control job and each replica) and its
+    control.json: what a timed-out story prints, since its run folder is removed afterwards."""
+    out = [f"== {run_dir / 'control.json'}"]
+    try:
+        out.append((run_dir / "control.json").read_text(errors="replace"))
+    except OSError as exc:
+        out.append(f"(unreadable: {exc})")
+    for path in sorted((run_dir / "logs").glob("*.err")):
+        try:
+            # torchft's per-step INFO lines would hide what fthsdp said
+            said = [
+                line
+                for line in path.read_text(errors="replace").splitlines()
+                if "[INFO] [torchft::" not in line
+            ]
+            tail = said[-lines:]
+        except OSError as exc:
+            tail = [f"(unreadable: {exc})"]
+        out += [f"== {path.name}", *(line[:400] for line in tail)]
+    return "\n".join(out)
 
 
 def submit_until_training(
