@@ -30,6 +30,8 @@ JOIN_TIMEOUT_S = "FTHSDP_JOIN_TIMEOUT_S"
 #: How long a replica waits for its run's control plane to come back (the supervisor before a
 #: launch, a worker after a failed quorum), keeping its state in memory.
 CONTROL_WAIT_S = "FTHSDP_CONTROL_WAIT_S"
+#: Its default (seconds): a requeue of the control job on a busy cluster.
+DEFAULT_CONTROL_WAIT_S = 300.0
 CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
 CHECKPOINT_EVERY_S = "FTHSDP_CHECKPOINT_EVERY_S"
 STEPS = "FTHSDP_STEPS"

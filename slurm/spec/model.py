@@ -325,8 +325,6 @@ class ControlSection:
 TRAIN_MODES = ("fthsdp", "torchft")
 #: Seconds without progress after which a foreign trainer's step is taken as hung (torchft mode).
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
-#: How long a replica waits out a control-plane outage by default: a requeue on a busy cluster.
-DEFAULT_CONTROL_WAIT_S = 300.0
 
 #: Placeholders `[train].progress_file` may use; filled per replica group by the supervisor.
 PROGRESS_FILE_FIELDS = ("dump_dir", "replica")
@@ -375,7 +373,7 @@ class TrainSection:
     join_timeout_s: float = 60
     #: How long a replica waits out an outage of the run's control plane (its node lost, the
     #: control job requeued and pending) with its model in memory; unset means
-    #: `DEFAULT_CONTROL_WAIT_S`, or the join timeout if longer (`control_wait_in_effect_s`).
+    #: `contract.DEFAULT_CONTROL_WAIT_S`, or the join timeout if longer.
     control_wait_s: float | None = None
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = 0
@@ -473,7 +471,7 @@ class TrainSection:
     def control_wait_in_effect_s(self) -> float:
         """The control-plane wait in effect (`control_wait_s`)."""
         if self.control_wait_s is None:
-            return max(DEFAULT_CONTROL_WAIT_S, self.join_timeout_s)
+            return max(contract.DEFAULT_CONTROL_WAIT_S, self.join_timeout_s)
         return self.control_wait_s
 
     @property

@@ -32,7 +32,7 @@ class SupervisorConfig:
     http_timeout_s: float = 5.0
     max_launches: int = 1000
     #: How long to wait for the control plane before a launch (`train.control_wait_s`).
-    control_wait_s: float = 300.0
+    control_wait_s: float = contract.DEFAULT_CONTROL_WAIT_S
     #: How often to ask Slurm whether the control job still runs while waiting for it.
     control_check_s: float = 15.0
     #: Uncounted relaunches in a row of a step that could not reach the quorum service.
@@ -51,7 +51,9 @@ class SupervisorConfig:
         nodelist = env.get(contract.SLURM_JOB_NODELIST_HET_GROUP_0) or env.get(
             contract.SLURM_JOB_NODELIST, ""
         )
-        control_wait_s = _seconds(env, contract.CONTROL_WAIT_S, "300", "seconds >= 0")
+        control_wait_s = _seconds(
+            env, contract.CONTROL_WAIT_S, f"{contract.DEFAULT_CONTROL_WAIT_S:g}", "seconds >= 0"
+        )
         # Seconds without progress after which a foreign trainer's step is hung (0: off).
         progress_timeout_s = _seconds(
             env, contract.PROGRESS_TIMEOUT_S, "0", "seconds >= 0 (0: off)"
