@@ -325,6 +325,21 @@ def test_requeued_replica_comes_back_and_trains() -> None:
     assert state.drained == {"node2": "fthsdp: fault: boom"}
 
 
+def test_restored_incarnation_shows_its_own_step_not_the_lost_one() -> None:
+    """After a whole-run loss the requeued replica restores an older checkpoint: status shows the
+    restored step; a report reordered within one incarnation never moves the step back."""
+    events: list[Event] = [
+        status(1, 1, 1.0, step_=1579),
+        fatal(1, 2, 5.0, "node", "node2"),
+        job(1, 1, "PENDING", 6.0),
+        job(1, 1, "RUNNING", 9.0),
+        status(1, 2, 12.0, inc="new", step_=1200),
+        status(1, 1, 12.5, inc="new", step_=1199),
+    ]
+    state, _ = run(events)
+    assert state.replicas[1].step == 1200
+
+
 def test_reordered_status_after_fatal_is_ignored() -> None:
     events: list[Event] = [*WARM, fatal(1, 5, 5.0, "node", "node2"), status(1, 4, 5.1)]
     state, _ = run(events)

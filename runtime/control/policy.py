@@ -453,7 +453,10 @@ def _on_report(state: RunState, ev: ReportReceived, actions: list[Action]) -> No
     if rep.kind == "status":
         if r.handled is not None:
             return  # in flight before the failure we already acted on
-        r.step = max(r.step, rep.step)
+        # A new incarnation starts from what it restored or healed to, which may be behind the
+        # step an earlier one reached (a whole-run loss restores from disk): its step replaces
+        # the old one. Within one incarnation a reordered report never moves it back.
+        r.step = rep.step if seen is None else max(r.step, rep.step)
         r.cursor = rep.cursor if rep.cursor is not None else r.cursor
         r.quorum_id = rep.quorum_id
         r.participants = rep.participants
