@@ -400,6 +400,8 @@ class FTHSDP:
             }
             path = final / f"r{self.env.replica_id}_rank{self.env.rank}.pt"
             torch.save({"step": self.step, "cursor": self.cursor, "params": shards}, path)
+        if self.checkpointer is not None:
+            self.checkpointer.close(self)
         self.event("done", step=self.step, cursor=self.cursor)
         if self.watchdog is not None:
             self.watchdog.stop()

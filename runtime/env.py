@@ -22,10 +22,12 @@ one failed collective, and a replica's first quorum waits longest of all, for pe
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.sim.reliability import RunFailureModel
 from slurm import contract
 from slurm.rundir import RunFileError, read_control_file
 
@@ -102,7 +104,9 @@ class WorkerEnv:
     min_replicas: int = 1
     timeouts: Timeouts = field(default_factory=Timeouts)
     checkpoint_every_steps: int = 0
-    checkpoint_every_s: float = 0.0
+    #: None: Young/Daly's cadence against `failure_model` (`runtime.checkpoint`); 0: off.
+    checkpoint_every_s: float | None = 0.0
+    failure_model: RunFailureModel = field(default_factory=RunFailureModel)
     steps: int = 100
     health_checks: tuple[str, ...] = ()
     control_file: Path | None = None
@@ -155,17 +159,28 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum:
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _float(
+    env: Mapping[str, str], name: str, default: float, what: str = "a number of seconds"
+) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise EnvError(name, raw, "must be a number of seconds") from None
-    if value < 0:
-        raise EnvError(name, raw, "must be >= 0")
+        raise EnvError(name, raw, f"must be {what}") from None
+    if not 0 <= value < math.inf:
+        raise EnvError(name, raw, "must be a finite number >= 0")
     return value
+
+
+def _checkpoint_every_s(env: Mapping[str, str]) -> float | None:
+    """The checkpoint time cadence: `auto` (the default) is Young/Daly's, None here."""
+    if env.get(contract.CHECKPOINT_EVERY_S, contract.CHECKPOINT_AUTO) == contract.CHECKPOINT_AUTO:
+        return None if _int(env, contract.CHECKPOINT_EVERY_STEPS, default=0) == 0 else 0.0
+    return _float(
+        env, contract.CHECKPOINT_EVERY_S, 0.0, what=f"seconds or {contract.CHECKPOINT_AUTO}"
+    )
 
 
 def slurm_port(job_id: str) -> int:
@@ -276,7 +291,15 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         min_replicas=min_replicas,
         timeouts=timeouts,
         checkpoint_every_steps=_int(env, contract.CHECKPOINT_EVERY_STEPS, default=0),
-        checkpoint_every_s=_float(env, contract.CHECKPOINT_EVERY_S, 0.0),
+        checkpoint_every_s=_checkpoint_every_s(env),
+        failure_model=RunFailureModel(
+            nodes=_int(env, contract.RUN_NODES, default=num, minimum=1),
+            failures_per_1000_nodes_day=_float(
+                env, contract.NODE_FAILURES_PER_1000_DAY, 2.3, what="a number of failures"
+            ),
+            run_losses_per_day=_float(env, contract.RUN_LOSSES_PER_DAY, 0.1, what="a rate"),
+            requeue_cost_s=_float(env, contract.REQUEUE_COST_S, 120.0),
+        ),
         steps=_int(env, contract.STEPS, default=100, minimum=1),
         health_checks=checks,
         control_file=control,

@@ -19,6 +19,23 @@ def test_env_local_launcher_contract() -> None:
     assert parse_env({**BASE, "FTHSDP_CONTROL_WAIT_S": "900"}).timeouts.control_s == 900.0
 
 
+@pytest.mark.parametrize(
+    ("change", "every_s"),
+    [
+        ({}, None),  # unset: Young/Daly's cadence
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "auto"}, None),
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "auto", "FTHSDP_CHECKPOINT_EVERY_STEPS": "5"}, 0.0),
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "0"}, 0.0),
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "90"}, 90.0),
+    ],
+)
+def test_env_checkpoint_cadence(change: dict[str, str], every_s: float | None) -> None:
+    raw = {k: v for k, v in BASE.items() if not k.startswith("FTHSDP_CHECKPOINT")}
+    env = parse_env({**raw, **change, "FTHSDP_RUN_NODES": "6", "FTHSDP_RUN_LOSSES_PER_DAY": "1"})
+    assert env.checkpoint_every_s == every_s
+    assert (env.failure_model.nodes, env.failure_model.run_losses_per_day) == (6, 1.0)
+
+
 def test_env_slurm_ranks_and_rendezvous() -> None:
     raw = {
         k: v
@@ -55,6 +72,10 @@ def test_env_slurm_ranks_and_rendezvous() -> None:
         ({"FTHSDP_CONTROL_WAIT_S": "soon"}, "FTHSDP_CONTROL_WAIT_S"),
         ({"FTHSDP_LIGHTHOUSE": None}, "FTHSDP_CONTROL_FILE"),
         ({"RANK": None, "WORLD_SIZE": None}, "RANK"),
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "nan"}, "FTHSDP_CHECKPOINT_EVERY_S"),
+        ({"FTHSDP_CHECKPOINT_EVERY_S": "hourly"}, "FTHSDP_CHECKPOINT_EVERY_S"),
+        ({"FTHSDP_RUN_LOSSES_PER_DAY": "inf"}, "FTHSDP_RUN_LOSSES_PER_DAY"),
+        ({"FTHSDP_RUN_NODES": "0"}, "FTHSDP_RUN_NODES"),
     ],
 )
 def test_env_errors_name_the_variable(change: dict[str, str | None], variable: str) -> None:

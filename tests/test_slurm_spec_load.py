@@ -37,7 +37,8 @@ def test_defaults_of_minimal_spec() -> None:
     assert (spec.train.heartbeat_timeout_s, spec.train.allreduce_timeout_s) == (2, 5)
     assert (spec.train.quorum_timeout_s, spec.train.join_timeout_s) == (10, 60)
     assert (spec.train.control_wait_s, spec.train.control_wait_in_effect_s) == (None, 300)
-    assert (spec.train.checkpoint_every_steps, spec.train.checkpoint_every_s) == (0, 0)
+    assert (spec.train.checkpoint_every_steps, spec.train.checkpoint_every_s) == (0, None)
+    assert spec.train.checkpoint_every_s_in_effect is None  # Young/Daly's cadence
     assert spec.train.steps is None
     assert spec.control.lighthouse_port == 0 and spec.control.coordinator_port == 0
     assert spec.health.checks == ()
@@ -172,6 +173,13 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"train": {"control_wait_s": "5m"}}, "train.control_wait_s", "number"),
     ({"train": {"heartbeat_timeout_s": 0}}, "train.heartbeat_timeout_s", "> 0"),
     ({"train": {"checkpoint_every_s": -1}}, "train.checkpoint_every_s", ">= 0"),
+    ({"train": {"checkpoint_every_s": "auto"}}, "train.checkpoint_every_s", "number"),
+    ({"train": {"run_losses_per_day": -1}}, "train.run_losses_per_day", "finite number >= 0"),
+    (
+        {"train": {"failures_per_1000_nodes_day": float("inf")}},
+        "train.failures_per_1000_nodes_day",
+        "finite number >= 0",
+    ),
     ({"control": {"lighthouse_port": 80}}, "control.lighthouse_port", "1024..65535"),
     (
         {"control": {"lighthouse_port": 2000, "coordinator_port": 2000}},

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.env import Timeouts
+from runtime.sim.reliability import RunFailureModel
 
 
 @dataclass
@@ -28,7 +29,9 @@ class LaunchConfig:
     restart_window_s: float = 600.0
     timeouts: Timeouts = field(default_factory=Timeouts)
     checkpoint_every_steps: int = 0
-    checkpoint_every_s: float = 0.0
+    #: None: Young/Daly's cadence against `failure_model`; 0: no time cadence.
+    checkpoint_every_s: float | None = None
+    failure_model: RunFailureModel = field(default_factory=RunFailureModel)
     job_name: str = "fthsdp"
     kill_replica: int | None = None
     kill_at_step: int | None = None
@@ -125,7 +128,13 @@ def config_from_spec(
         restart_window_s=float(train.restart_window_s),
         timeouts=timeouts,
         checkpoint_every_steps=train.checkpoint_every_steps,
-        checkpoint_every_s=float(train.checkpoint_every_s),
+        checkpoint_every_s=train.checkpoint_every_s_in_effect,
+        failure_model=RunFailureModel(
+            nodes=count,
+            failures_per_1000_nodes_day=train.failures_per_1000_nodes_day,
+            run_losses_per_day=train.run_losses_per_day,
+            requeue_cost_s=train.straggler_requeue_cost_s,
+        ),
         job_name=spec.job.name,
         **faults,
     )

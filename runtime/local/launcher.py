@@ -113,7 +113,17 @@ class LocalLauncher:
                 contract.JOIN_TIMEOUT_S: str(cfg.timeouts.join_s),
                 contract.CONTROL_WAIT_S: str(cfg.timeouts.control_s),
                 contract.CHECKPOINT_EVERY_STEPS: str(cfg.checkpoint_every_steps),
-                contract.CHECKPOINT_EVERY_S: str(cfg.checkpoint_every_s),
+                contract.CHECKPOINT_EVERY_S: (
+                    contract.CHECKPOINT_AUTO
+                    if cfg.checkpoint_every_s is None
+                    else str(cfg.checkpoint_every_s)
+                ),
+                contract.RUN_NODES: str(cfg.failure_model.nodes),
+                contract.NODE_FAILURES_PER_1000_DAY: str(
+                    cfg.failure_model.failures_per_1000_nodes_day
+                ),
+                contract.RUN_LOSSES_PER_DAY: str(cfg.failure_model.run_losses_per_day),
+                contract.REQUEUE_COST_S: str(cfg.failure_model.requeue_cost_s),
                 contract.STEPS: str(cfg.steps),
                 contract.RANK: str(rank),
                 contract.WORLD_SIZE: str(cfg.ranks_per_replica),

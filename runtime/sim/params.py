@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.sim.control import MEASURED_REPORT_COST_S, ControlLoad, control_load
-from runtime.sim.reliability import mtbf_from_rate_s, young_daly_interval_s
+from runtime.sim.reliability import (
+    SECONDS_PER_DAY,
+    mtbf_from_rate_s,
+    run_loss_mtbf_s,
+    young_daly_interval_s,
+)
 from slurm.errors import InputError
 
-SECONDS_PER_DAY = 86_400.0
 #: What a spare slot holds (`SimParams.spare_kind`).
 SPARE_KINDS = ("cold", "warm")
 
@@ -161,28 +165,15 @@ class SimParams:
         )
 
     def job_loss_mtbf_s(self) -> float:
-        """Mean time between events that lose the whole job's state (roll back to a checkpoint).
-
-        With one replica every failure does. With R replicas a failure loses the job only when
-        every other replica is already out: rate ~ lambda * rho**(R-1), rho the chance a replica
-        is out (first-order, independent failures; rack events spanning k replicas count as
-        needing only R-k others out).
-        """
-        lam = self.failure_rate_per_s
-        if lam == 0:
-            return math.inf
-        if self.replicas == 1:
-            return 1.0 / lam
-        per_replica = self.nodes * self.node_failure_rate_per_s / self.replicas
-        x = per_replica * self.replica_restart_s()
-        rho = x / (1.0 + x)
-        node_rate = self.nodes * self.node_failure_rate_per_s
-        rack_rate = self.rack_failures_per_day / SECONDS_PER_DAY
-        span = min(self.rack_span_replicas, self.replicas)
-        loss_rate = node_rate * rho ** (self.replicas - 1) + rack_rate * rho ** (
-            self.replicas - span
+        """Mean time between events that lose the whole job's state (roll back to a checkpoint):
+        `reliability.run_loss_mtbf_s` with rack events as the correlated ones."""
+        return run_loss_mtbf_s(
+            self.nodes * self.node_failure_rate_per_s,
+            self.replicas,
+            self.replica_restart_s(),
+            self.rack_failures_per_day / SECONDS_PER_DAY,
+            self.rack_span_replicas,
         )
-        return mtbf_from_rate_s(loss_rate)
 
     def checkpoint_interval_for(self, replicas: int) -> float:
         """The training time between checkpoints: given, or Young/Daly for this mode's MTBF."""

@@ -6,14 +6,18 @@ disagree on a formula. A series system of N identical parts fails N times as oft
 that balances write cost against redone work is Daly's higher-order refinement of Young's
 sqrt(2 * T_write * MTBF): Young's first-order law overestimates the interval once the write
 time is not negligible against the MTBF. The simulator uses it to pick a checkpoint interval when
-none is given; the checkpointer logs it as a suggestion after each save.
+none is given; the worker's checkpointer sets its cadence with it, against the rate at which
+the whole run's state is lost (`run_loss_mtbf_s`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from slurm.errors import InputError
+
+SECONDS_PER_DAY = 86_400.0
 
 
 def cluster_mtbf_hours(component_mtbf_hours: float, components: int) -> float:
@@ -28,6 +32,41 @@ def cluster_mtbf_hours(component_mtbf_hours: float, components: int) -> float:
 def mtbf_from_rate_s(failures_per_s: float) -> float:
     """Mean time between failures for a failure rate: 1 / rate, infinite for a rate of 0."""
     return math.inf if failures_per_s == 0 else 1.0 / failures_per_s
+
+
+def run_loss_mtbf_s(
+    node_failures_per_s: float,
+    replicas: int,
+    replica_restart_s: float,
+    correlated_per_s: float = 0.0,
+    correlated_span: int | None = None,
+) -> float:
+    """Mean time between events that lose every replica's state at once (a restore from disk).
+
+    With one replica every node failure does. With R replicas an independent node failure loses
+    the run only when every other replica is already out: rate ~ lambda * rho**(R-1), rho the
+    chance that a replica is out (first-order; a replica fails at lambda / R and is out for
+    `replica_restart_s`). A correlated event (a power or cooling loss, a rack) that takes out
+    `correlated_span` replicas (default: all) needs only the R - span others out.
+    """
+    if replicas < 1:
+        raise InputError("replicas", replicas, "must be >= 1")
+    for name, value in (
+        ("node_failures_per_s", node_failures_per_s),
+        ("replica_restart_s", replica_restart_s),
+        ("correlated_per_s", correlated_per_s),
+    ):
+        if not 0 <= value < math.inf:
+            raise InputError(name, value, "must be a finite number >= 0")
+    span = replicas if correlated_span is None else min(correlated_span, replicas)
+    if replicas == 1:
+        return mtbf_from_rate_s(node_failures_per_s + correlated_per_s)
+    x = node_failures_per_s / replicas * replica_restart_s
+    rho = x / (1.0 + x)
+    loss_rate = node_failures_per_s * rho ** (replicas - 1) + correlated_per_s * rho ** (
+        replicas - span
+    )
+    return mtbf_from_rate_s(loss_rate)
 
 
 def young_daly_interval_s(write_s: float, mtbf_s: float) -> float:
@@ -47,3 +86,25 @@ def young_daly_interval_s(write_s: float, mtbf_s: float) -> float:
         return mtbf_s
     x = write_s / (2.0 * mtbf_s)
     return math.sqrt(2.0 * write_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - write_s
+
+
+@dataclass(frozen=True)
+class RunFailureModel:
+    """What a run expects to fail: the input of its default checkpoint cadence.
+
+    The defaults are assumptions a site should replace with its own history: Llama 3's ~2.3
+    node failures per 1000 nodes a day, one whole-run loss in ten days, and a 120 s requeue.
+    """
+
+    nodes: int = 1
+    failures_per_1000_nodes_day: float = 2.3
+    run_losses_per_day: float = 0.1
+    requeue_cost_s: float = 120.0
+
+    def run_loss_mtbf_s(self, replicas: int) -> float:
+        return run_loss_mtbf_s(
+            self.nodes * self.failures_per_1000_nodes_day / 1000.0 / SECONDS_PER_DAY,
+            replicas,
+            self.requeue_cost_s,
+            self.run_losses_per_day / SECONDS_PER_DAY,
+        )

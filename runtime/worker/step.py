@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,6 +51,8 @@ from runtime.worker.outputs import FINISHED_MARKER
 INJECT_VOTE_NO_ENV = "FTHSDP_INJECT_VOTE_NO"
 #: "0" waits for every quorum before the step takes data (the benchmark's comparison point).
 OVERLAP_QUORUM_ENV = "FTHSDP_OVERLAP_QUORUM"
+#: Committed steps whose wall time the checkpointer's cadence takes the median of.
+STEP_TIMES_KEPT = 101
 
 
 def parse_vote_no_injection(environ: Mapping[str, str]) -> tuple[int, int, int] | None:
@@ -121,8 +124,8 @@ class StepProtocol:
         self._reduce_queued = False
         self._contrib: list[int] | None = None
         self._quorum_error: Exception | None = None
-        #: Wall time of each committed step (the checkpointer's interval suggestion reads it).
-        self.step_times: list[float] = []
+        #: Wall time of the last committed steps (the checkpointer's cadence reads their median).
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         # Straggler measurements (runtime.control.straggler.steptiming): own compute vs.
         # cross-replica wait.
         self._timer = StepTimer()
@@ -384,8 +387,6 @@ class StepProtocol:
             raise FatalWorkerError(
                 "step committed without its contributing slots", ExitCode.PROCESS_FAULT
             )
-        elif self.ft.checkpointer is not None:
-            self.ft.checkpointer.failures_seen += 1
         self.ft.event(
             "commit" if ok else "abort",
             step=plan.step,
