@@ -318,9 +318,9 @@ class Campaign:
         assert ledger.ok, ledger.problems
         # No fault loses every replica's state at once. A control-plane outage is waited out
         # in memory for `train.control_wait_s`; past it every worker gives up on the quorum
-        # service and, with no checkpoint (off in this spec), the run starts over. (With the
-        # join timeout as that limit, a 136 s outage in a loaded `make test` on 26.05 rolled
-        # back 249 steps.)
+        # service and the run goes back to its newest durable checkpoint. (With the join
+        # timeout as that limit, a 136 s outage in a loaded `make test` on 26.05 rolled back
+        # 249 steps.)
         control_wait = load_spec(self.spec).train.control_wait_in_effect_s
         long_outage = [
             o.stall_s
