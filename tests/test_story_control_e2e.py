@@ -8,8 +8,10 @@ An Xid 79 injected into replica 1's node is seen by that replica's watchdog; the
 drains the node with an `fthsdp:` reason and requeues replica 1's job exactly once; the job
 passes the prolog on the spare node and rejoins, while replicas 0 and 2 keep their job ids and
 restart count 0 and their committed step rises throughout. A second fault, `kill` (processes
-die, no hardware sign), shows tier 1: relaunch in place, no requeue. The run then finishes: the
-final weights of all replicas agree and the ledger is exactly-once.
+die, no hardware sign), shows tier 1: relaunch in place, no requeue. Then the control plane's
+process is killed (`kill -9`): its keeper restarts it in place, in the same job at the same
+addresses, and no replica restarts. The run then finishes: the final weights of all replicas
+agree and the ledger is exactly-once.
 
 The run is a site user's: `fthsdp-user` submits it through the site install, and every process
 of the live run (control job, trainers) runs as that user; root only runs the cluster, its
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from typing import Any
 import pytest
 from control_harness import (
     clean_up,
+    control_info,
     fthsdp,
     health_gated,
     requeues_in_journal,
@@ -40,7 +44,7 @@ from runtime.verdict import check_ledger, final_weights_agree
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
-STEPS = 360
+STEPS = 480
 
 
 def caught_up(r: dict[int, dict[str, Any]]) -> bool:
@@ -154,6 +158,32 @@ def _only_the_failed_replica_is_requeued(gated: DevClusterConfig, site_user: Sit
         )
         assert relaunched[1]["job_id"] == jobs[1] and relaunched[1]["restarts"] == 1
         assert relaunched[1]["nodes"] == after[1]["nodes"]
+
+        # Tier 0: the control plane's process is killed (the OOM killer, an operator's kill -9).
+        # Its keeper restarts it in place: same job, same addresses, no replica restarted.
+        first = control_info(run_dir)
+        assert relaunched[1]["step"] < STEPS - 90, "too late in the run for the tier-0 scenario"
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while (second := control_info(run_dir)).get("pid") in (None, first["pid"]):
+            assert time.monotonic() < deadline, f"the control plane was not restarted: {second}"
+            time.sleep(0.5)
+        for key in ("job_id", "lighthouse", "coordinator"):
+            assert second[key] == first[key], (key, first, second)
+        at = {k: r["step"] or 0 for k, r in relaunched.items()}
+        back = wait_until(
+            env,
+            run_dir,
+            lambda r: all(x["state"] == "training" and (x["step"] or 0) >= at[k] + 20
+                          for k, x in r.items()),
+            120,
+            "every replica training past the control plane's restart in place",
+            trace,
+        )  # fmt: skip
+        for k in range(3):
+            assert back[k]["job_id"] == jobs[k]
+            assert back[k]["restarts"] == relaunched[k]["restarts"], (k, back[k])
+            assert back[k]["relaunches"] == relaunched[k]["relaunches"], (k, back[k])
 
         # The run finishes: every replica's job completes, nobody else ever restarted.
         final = wait_until(

@@ -150,6 +150,12 @@ def _run_dir(f: Callable[..., None]) -> Callable[..., None]:
 )
 @click.option("--no-lighthouse", is_flag=True, help="Run only the coordinator.")
 @click.option("--no-poll", is_flag=True, help="Do not poll squeue (no Slurm here).")
+@click.option(
+    "--restart-in-place",
+    is_flag=True,
+    help="Run the control plane as the child of a keeper that restarts it in place when it is "
+    "killed or crashes (what the rendered control job runs; runtime.control.keeper).",
+)
 def control(
     run_dir: Path,
     lighthouse_port: int,
@@ -171,6 +177,7 @@ def control(
     drain: str | None,
     no_lighthouse: bool,
     no_poll: bool,
+    restart_in_place: bool,
 ) -> None:
     """Run the run's control plane: torchft's Lighthouse and the coordinator, until stopped.
 
@@ -197,6 +204,11 @@ def control(
     heartbeat_timeout_ms = _ms("--heartbeat-timeout", heartbeat_timeout_s, heartbeat_timeout_ms)
     join_timeout_ms = _ms("--join-timeout", join_timeout_s, join_timeout_ms)
     straggler_window_steps = straggler_window_steps or straggler_window_steps_old
+    from runtime.control.keeper import CHILD_ENV, Keeper, die_with_parent
+
+    if restart_in_place and os.environ.get(CHILD_ENV) != "1":
+        sys.exit(Keeper([sys.executable, "-m", "fthsdp_cli", *sys.argv[1:]]).run())
+    die_with_parent()
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = run_dir.resolve()
