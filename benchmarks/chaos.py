@@ -2,8 +2,8 @@
 
 Each seed is one run of `tests/test_story_chaos.py` (3 one-node replicas of
 `examples/train_tiny.py` + the control job, health gated, submitted by the job user through the
-site install; root, slurm-wlm and munge needed) with `FTHSDP_CHAOS_KINDS` = every kind
-(xid79, kill, down, control, slurmctld, second) and one fault of each, in the order the seed
+site install; root, slurm-wlm and munge needed) with `FTHSDP_CHAOS_KINDS` = every kind (xid79,
+kill, down, control, coordinator, slurmctld, second) and one fault of each, in the order the seed
 draws. The test asserts the invariants (exactly-once ledger over every step, agreeing weights,
 every requeue attributed to its fault, the admin drain untouched, no job left); this script
 collects its per-fault figures from `FTHSDP_CHAOS_OUT`: per kind, faults injected and

@@ -22,6 +22,8 @@ KINDS: dict[str, str] = {
     "kill": "the replica's processes killed, no hardware sign: relaunched in place, no requeue",
     "down": "power loss of the replica's node: Slurm finds it down, the replica is requeued",
     "control": "the control job requeued (its coordinator and Lighthouse die): replicas ride on",
+    "coordinator": "the control plane's process killed (kill -9): its keeper restarts it in "
+    "place, no replica restarts",
     "slurmctld": "slurmctld stopped and restarted on its saved state: no replica restarts",
     "second": "an Xid 79, then a kill on another replica while the first is still recovering",
 }

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -205,6 +206,8 @@ class Campaign:
             self._recovered(reps, outcome, healthy)
         elif fault.kind == "control":
             self._control_requeue(reps, outcome)
+        elif fault.kind == "coordinator":
+            self._control_killed(reps, outcome)
         elif fault.kind == "slurmctld":
             self._slurmctld_away(reps, outcome)
         else:
@@ -261,6 +264,15 @@ class Campaign:
             assert time.monotonic() < deadline, "the requeued control job never came back"
             time.sleep(1)
         self._rising(before, outcome, "the control plane's requeue")
+
+    def _control_killed(self, before: Reps, outcome: Outcome) -> None:
+        first = control_info(self.run_dir)
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while control_info(self.run_dir).get("pid") in (None, first["pid"]):
+            assert time.monotonic() < deadline, "the killed control plane was not restarted"
+            time.sleep(0.5)
+        self._rising(before, outcome, "the control plane's restart in place")
 
     def _slurmctld_away(self, before: Reps, outcome: Outcome) -> None:
         assert ctld.stop(self.cfg) is not None
