@@ -414,6 +414,26 @@ def clean_up(env: Cli, run_dir: Path, cfg: DevClusterConfig, node: str | None) -
         pass
 
 
+def heal_node(cfg: DevClusterConfig, node: str) -> None:
+    """Boot a powered-off node (`inject --fault down`), as an operator would once the power is
+    back, as root."""
+    subprocess.run(
+        [sys.executable, "-m", "fthsdp_cli", "cluster", "heal", node, "--dir", str(cfg.directory)],
+        env=dict(os.environ), cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def node_state(node: str) -> str:
+    """Slurm's state of `node` in lower case, "?" while Slurm cannot say."""
+    from slurm.backend import CommandBackend, SlurmCommandError
+
+    try:
+        (info,) = CommandBackend().nodes([node])
+    except (SlurmCommandError, ValueError):
+        return "?"
+    return info.state.lower()
+
+
 def replicas(env: Cli, run_dir: Path) -> dict[int, dict[str, Any]]:
     data = json.loads(fthsdp(env, "status", str(run_dir), "--json"))
     return {r["replica"]: r for r in data["replicas"]}

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,9 @@ from control_harness import (
     SPEC,
     clean_up,
     fthsdp,
+    heal_node,
     health_gated,
+    node_state,
     submit_until_training,
     wait_until,
 )
@@ -48,7 +48,6 @@ from user_harness import SiteUser
 from runtime import ledger
 from runtime.checkpoint import latest_complete
 from runtime.verdict import check_ledger, final_weights_agree
-from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.devcluster import DevClusterConfig
 
 STEPS = 400
@@ -76,23 +75,6 @@ def _restored(run_dir: Path) -> list[int]:
     return steps
 
 
-def _node_state(backend: CommandBackend, node: str) -> str:
-    try:
-        (info,) = backend.nodes([node])
-    except (SlurmCommandError, ValueError):
-        return "?"
-    return info.state.lower()
-
-
-def _heal(gated: DevClusterConfig, node: str, root_env: dict[str, str]) -> None:
-    """Boot a powered-off node, as an operator would after the power came back."""
-    subprocess.run(
-        [sys.executable, "-m", "fthsdp_cli", "cluster", "heal", node,
-         "--dir", str(gated.directory)],
-        env=root_env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -116,7 +98,6 @@ def _run_loss(gated: DevClusterConfig, user: SiteUser) -> None:
         straggler_mode="report",
     )
     user.write(spec, text.replace("[health]", f"checkpoint_every_steps = {EVERY}\n\n[health]"))
-    backend = CommandBackend()
     root_env = dict(os.environ)
     trace: list[tuple[float, dict[int, dict[str, Any]]]] = []
     nodes: list[str] = []
@@ -151,11 +132,11 @@ def _run_loss(gated: DevClusterConfig, user: SiteUser) -> None:
         print(f"power lost on {nodes} at step {lost_at}; newest checkpoint step {kept}")
 
         deadline = time.monotonic() + 120
-        while any(not _node_state(backend, n).startswith("down") for n in nodes):
-            assert time.monotonic() < deadline, {n: _node_state(backend, n) for n in nodes}
+        while any(not node_state(n).startswith("down") for n in nodes):
+            assert time.monotonic() < deadline, {n: node_state(n) for n in nodes}
             time.sleep(1)
         for node in nodes:
-            _heal(gated, node, root_env)
+            heal_node(gated, node)
 
         back = wait_until(
             env,
@@ -200,6 +181,6 @@ def _run_loss(gated: DevClusterConfig, user: SiteUser) -> None:
         )
     finally:
         for node in nodes:
-            if _node_state(backend, node).startswith("down"):
-                _heal(gated, node, root_env)
+            if node_state(node).startswith("down"):
+                heal_node(gated, node)
         clean_up(env, run_dir, gated, None)
