@@ -21,6 +21,9 @@ What is asserted:
 The control job shares node1 with replica 0 here, so it is lost too: nothing of the run is left
 to move the requeued jobs' begin time, and they wait out Slurm's requeue delay (about 100-120 s,
 docs/design-facts.md) before they start again.
+
+`make test` runs it on the host's release (`one_release`, for the time budget); `make test-slurm`
+runs it on any release.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def _restored(run_dir: Path) -> list[int]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.one_release
 @pytest.mark.timeout(600)
 def test_the_run_comes_back_from_its_checkpoint_after_every_replica_node_loses_power(
     slurm_cluster: DevClusterConfig, site_user: SiteUser
