@@ -12,7 +12,10 @@ A requeued control job is held by Slurm behind a begin time about 100-120 s ahea
 owner may move it (`StartTime`), so while the control plane does not answer the supervisor asks
 Slurm about the control job, and releases it when it is held so (`release_held_control_job`),
 both in the wait before a launch and, every `control_check_s`, while its step trains
-(`ControlJobWatch`): the run's own control plane never waits out the requeue delay.
+(`ControlJobWatch`): the run's own control plane never waits out the requeue delay. When the
+control plane does not answer and Slurm shows its job ended for good on two checks in a row,
+the watch stops the step (exit `EXIT_NO_CONTROL_PLANE`, no failure counted) rather than let
+the workers wait out `control_wait_s` for a control plane that cannot come back.
 
 The addresses in `control.json` are read tolerantly here (`lighthouse_url`, `coordinator_url`):
 None while the control job has not written the file, or is replacing it.
@@ -135,23 +138,75 @@ def release_held_control_job(backend: SlurmBackend, job: str, now: float | None 
     return True
 
 
+def control_job_ended(backend: SlurmBackend, job: str | None) -> str | None:
+    """How the control job `job` ended ("FAILED", "gone", ...), or None while it is queued,
+    running, or Slurm cannot tell."""
+    if not job:
+        return None
+    try:
+        infos = [i for i in backend.jobs([job]) if i.base_id == job]
+    except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
+        log.warning("cannot ask Slurm about control job %s: %s", job, exc)
+        return None
+    if not infos:
+        return "gone"
+    from slurm.rundir import TERMINAL_STATES
+
+    state = infos[0].state.upper()
+    return state if state in TERMINAL_STATES else None
+
+
 class ControlJobWatch:
     """While the step trains: every `control_check_s`, if the control plane does not answer,
-    release the control job when Slurm holds it behind a requeue's begin time."""
+    release the control job when Slurm holds it behind a requeue's begin time; and when Slurm
+    shows it ended for good on two checks in a row (a requeue passes through no such state
+    twice), call `on_ended`, so the replica stops waiting for a control plane that will not
+    come back."""
 
-    def __init__(self, config: SupervisorConfig, backend: SlurmBackend) -> None:
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        backend: SlurmBackend,
+        on_ended: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend
         self.job = control_job_of(config.run_dir)
+        self.on_ended = on_ended
         self.released = 0
+        #: How the control job ended, once two checks in a row said so.
+        self.ended: str | None = None
+        self._seen_ended: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fthsdp-control-watch", daemon=True)
 
     def _loop(self) -> None:
-        c = self.config
-        while not self._stop.wait(c.control_check_s):
-            if self.job and control_plane_problem(c.run_dir, None) is not None:
-                self.released += release_held_control_job(self.backend, self.job)
+        while not self._stop.wait(self.config.control_check_s):
+            self.check()
+
+    def check(self) -> None:
+        """One pass of the watch (module docstring)."""
+        if not self.job or self.ended is not None:
+            return
+        if control_plane_problem(self.config.run_dir, None) is None:
+            self._seen_ended = None
+            return
+        self.released += release_held_control_job(self.backend, self.job)
+        ended = control_job_ended(self.backend, self.job)
+        confirmed = ended is not None and ended == self._seen_ended
+        self._seen_ended = ended
+        if confirmed and ended is not None:
+            self.ended = ended
+            log.error(
+                "control job %s ended (%s) and the control plane does not answer; see %s; "
+                "replica %d stops its step",
+                self.job,
+                ended.lower(),
+                self.config.run_dir / "logs" / f"control-{self.job}.err",
+                self.config.replica,
+            )
+            if self.on_ended is not None:
+                self.on_ended(ended)
 
     def start(self) -> None:
         if self.job:
@@ -176,22 +231,7 @@ class ControlPlaneWait:
         self.control_job = control_job_of(config.run_dir)
 
     def control_job_ended(self) -> str | None:
-        """How the run's control job ended ("FAILED", "gone", ...), or None while it is queued,
-        running, or Slurm cannot tell."""
-        job = self.control_job
-        if not job:
-            return None
-        try:
-            infos = [i for i in self.backend.jobs([job]) if i.base_id == job]
-        except (SlurmCommandError, SlurmOutputError, EnvironmentProblem) as exc:
-            log.warning("cannot ask Slurm about control job %s: %s", job, exc)
-            return None
-        if not infos:
-            return "gone"
-        from slurm.rundir import TERMINAL_STATES
-
-        state = infos[0].state.upper()
-        return state if state in TERMINAL_STATES else None
+        return control_job_ended(self.backend, self.control_job)
 
     def wait(self) -> bool:
         """Wait, with backoff, until the control plane is up; False (after one line on stderr)

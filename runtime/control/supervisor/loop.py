@@ -93,6 +93,11 @@ class Supervisor:
         else:
             raise SystemExit(EXIT_FOR_REQUEUE)  # waiting between steps: leave now
 
+    def _control_ended(self, _how: str) -> None:
+        """The control job ended for good: stop the step, which waits for it in vain."""
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
     def _started(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
 
@@ -125,7 +130,7 @@ class Supervisor:
         """Run the step until it succeeds or a directive says to stop; returns the exit code."""
         previous = signal.signal(signal.SIGTERM, self._forward)
         self.start_forwarder()
-        watch = ControlJobWatch(self.config, self.backend)
+        watch = ControlJobWatch(self.config, self.backend, on_ended=self._control_ended)
         watch.start()
         try:
             while self.launch < self.config.max_launches:
@@ -134,6 +139,9 @@ class Supervisor:
                 code = self.run_step()
                 if code == 0:
                     return 0
+                if watch.ended is not None:
+                    # stopped because the run's control plane is gone for good: no failure
+                    return EXIT_NO_CONTROL_PLANE
                 if self.stopping:
                     return EXIT_FOR_REQUEUE
                 if (
