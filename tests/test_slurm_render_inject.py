@@ -106,6 +106,7 @@ def test_hostile_values_inert_in_control_script(tmp_path: Path) -> None:
         "0",
         "--coordinator-port",
         "0",
+        "--restart-in-place",
     ]
 
 
