@@ -174,6 +174,19 @@ def _float(
     return value
 
 
+def _failure_model(env: Mapping[str, str], replicas: int) -> RunFailureModel:
+    """The `auto` cadence's failure model; an unset variable keeps `RunFailureModel`'s default."""
+    d = RunFailureModel()
+    return RunFailureModel(
+        nodes=_int(env, contract.RUN_NODES, default=replicas, minimum=1),
+        failures_per_1000_nodes_day=_float(
+            env, contract.NODE_FAILURES_PER_1000_DAY, d.failures_per_1000_nodes_day, "a rate"
+        ),
+        run_losses_per_day=_float(env, contract.RUN_LOSSES_PER_DAY, d.run_losses_per_day, "a rate"),
+        requeue_cost_s=_float(env, contract.REQUEUE_COST_S, d.requeue_cost_s),
+    )
+
+
 def _checkpoint_every_s(env: Mapping[str, str]) -> float | None:
     """The checkpoint time cadence: `auto` (the default) is Young/Daly's, None here."""
     if env.get(contract.CHECKPOINT_EVERY_S, contract.CHECKPOINT_AUTO) == contract.CHECKPOINT_AUTO:
@@ -292,14 +305,7 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         timeouts=timeouts,
         checkpoint_every_steps=_int(env, contract.CHECKPOINT_EVERY_STEPS, default=0),
         checkpoint_every_s=_checkpoint_every_s(env),
-        failure_model=RunFailureModel(
-            nodes=_int(env, contract.RUN_NODES, default=num, minimum=1),
-            failures_per_1000_nodes_day=_float(
-                env, contract.NODE_FAILURES_PER_1000_DAY, 2.3, what="a number of failures"
-            ),
-            run_losses_per_day=_float(env, contract.RUN_LOSSES_PER_DAY, 0.1, what="a rate"),
-            requeue_cost_s=_float(env, contract.REQUEUE_COST_S, 120.0),
-        ),
+        failure_model=_failure_model(env, num),
         steps=_int(env, contract.STEPS, default=100, minimum=1),
         health_checks=checks,
         control_file=control,
