@@ -158,6 +158,10 @@ class RecordingBackend:
     def __init__(self, allocations: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.allocations = allocations or {}
+        #: Nodes on which no step runs (their slurmd is gone); every other node answers.
+        self.silent: set[str] = set()
+        #: (node, het group) of every probe step asked for.
+        self.probes: list[tuple[str, int | None]] = []
 
     def submit(self, script: Path, args: Sequence[str] = ()) -> str:
         raise NotImplementedError
@@ -169,6 +173,12 @@ class RecordingBackend:
         self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
     ) -> None:
         self.calls.append(("release", job_id))
+
+    def step_runs(
+        self, job_id: str, node: str, timeout: float, het_group: int | None = None
+    ) -> bool:
+        self.probes.append((node, het_group))
+        return node not in self.silent
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         self.calls.append(("cancel", *job_ids))

@@ -3,8 +3,9 @@
 Requeued while its node does not answer, a job stays COMPLETING there until Slurm sets the node
 DOWN; on 22.05 it then starts elsewhere with no GRES, on 24.11 and 26.05 it is requeued again,
 held back ~120 s (seen on the dev cluster, docs/design-facts.md). So the executor requeues only
-a job whose nodes Slurm shows answering, and for a silent replica only once Slurm has had time
-to notice a dead node.
+a job whose nodes Slurm shows answering, and for a silent replica only once a step of the job
+ran on each node (proof that Slurm's view is not a ping cycle stale) or Slurm has had twice its
+detection time.
 """
 
 from __future__ import annotations
@@ -37,24 +38,33 @@ DOWN = NodeInfo("node2", "down", ("NOT_RESPONDING",))
 
 
 @pytest.mark.parametrize(
-    ("job", "nodes", "last_heard", "held"),
+    ("job", "nodes", "last_heard", "answered", "held"),
     [
-        (running(), [UP], None, None),
-        (running(), [UP], NOW - 30, "silent for less than the 40s Slurm takes to see a dead"),
-        (running(), [UP], NOW - 45, None),
-        (running(), [NOT_RESPONDING], None, "node2 is ALLOCATED+NOT_RESPONDING"),
-        (running(), [DOWN], NOW - 100, "node2 is DOWN+NOT_RESPONDING"),
-        (running(), [], None, "node2 not in Slurm's node list"),
-        (running("node[2-3]"), [UP, UP3], None, None),
-        (running("node[2-3]"), [UP], None, "node3 not in Slurm's node list"),
-        (running(""), [UP], None, "runs on no node Slurm names"),
+        (running(), [UP], None, (), None),
+        (running(), [UP], NOW - 30, (), "no step runs on node2 and Slurm has had less than 80s"),
+        (running(), [UP], NOW - 30, ("node2",), None),
+        (running(), [UP], NOW - 45, (), "no step runs on node2"),
+        (running(), [UP], NOW - 85, (), None),
+        (running("node[2-3]"), [UP, UP3], NOW - 5, ("node2",), "no step runs on node3 and"),
+        (running("node[2-3]"), [UP, UP3], NOW - 5, ("node2", "node3"), None),
+        (running(), [NOT_RESPONDING], None, (), "node2 is ALLOCATED+NOT_RESPONDING"),
+        (running(), [NOT_RESPONDING], NOW - 5, ("node2",), "node2 is ALLOCATED+NOT_RESPONDING"),
+        (running(), [DOWN], NOW - 100, (), "node2 is DOWN+NOT_RESPONDING"),
+        (running(), [], None, (), "node2 not in Slurm's node list"),
+        (running("node[2-3]"), [UP, UP3], None, (), None),
+        (running("node[2-3]"), [UP], None, (), "node3 not in Slurm's node list"),
+        (running(""), [UP], None, (), "runs on no node Slurm names"),
     ],
 )
 def test_what_holds_a_requeue(
-    job: JobInfo, nodes: list[NodeInfo], last_heard: float | None, held: str | None
+    job: JobInfo,
+    nodes: list[NodeInfo],
+    last_heard: float | None,
+    answered: tuple[str, ...],
+    held: str | None,
 ) -> None:
     names = hostlist.expand(job.nodes, "job nodes") if job.nodes else []
-    why = requeue_hold(job, names, nodes, last_heard, NOW, 40.0)
+    why = requeue_hold(job, names, nodes, last_heard, NOW, 40.0, answered)
     if held is None:
         assert why is None
     else:
@@ -122,24 +132,69 @@ def test_a_requeue_on_a_dead_node_is_left_to_slurm(monkeypatch: pytest.MonkeyPat
     assert "already requeued (restart count 1)" in attempts[2][1]
 
 
-def test_a_silent_replica_on_a_live_node_is_requeued_once_slurm_could_tell(
+class LiveNodeSlurm(DyingNodeSlurm):
+    def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+        return [UP]
+
+
+def test_a_silent_replica_on_a_live_node_is_requeued_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Slurm still shows the node answering: the requeue waits out Slurm's detection time,
-    then goes ahead (the node is alive; its trainer is what stopped)."""
+    """Slurm shows the node answering and a step of the job runs there: the node is alive and
+    its trainer is what stopped, so the requeue goes ahead without waiting out detection."""
     monkeypatch.setattr(executor_module, "HOLD_POLL_S", 0.01)
-
-    class LiveNodeSlurm(DyingNodeSlurm):
-        def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
-            return [UP]
-
-    clock = iter([NOW + 5, NOW + 10, NOW + 25])
-    monkeypatch.setattr(executor_module.time, "time", lambda: next(clock))
+    monkeypatch.setattr(executor_module.time, "time", lambda: NOW + 1)
     slurm = LiveNodeSlurm(polls=99)
     ex = SlurmExecutor(slurm, retries=2)
-    ex.detect_s = 20.0
+    ex.detect_s, ex.probe_s = 20.0, 5.0
     attempts = carry(ex, Requeue(1, "101", 0, NOW))
-    # Two polls inside the wait are one journal line; the third is past it.
-    assert [o for o, _ in attempts] == ["started", "retry", "done"], attempts
-    assert "silent for less than the 20s" in attempts[1][1]
+    assert [o for o, _ in attempts] == ["started", "done"], attempts
+    assert slurm.probes == [("node2", None)]
     assert slurm.calls == [("requeue", "101")]
+
+
+def test_a_node_slurm_shows_up_but_runs_no_step_holds_the_requeue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slurm's view is stale (its ping has not failed yet) and no step starts on the node: the
+    requeue waits, re-asking the node, until Slurm has had twice its detection time; then it
+    goes ahead, since Slurm has plainly seen the node alive."""
+    monkeypatch.setattr(executor_module, "HOLD_POLL_S", 0.01)
+    clock = iter([NOW + 5, NOW + 10, NOW + 25, NOW + 41])
+    monkeypatch.setattr(executor_module.time, "time", lambda: next(clock))
+    slurm = LiveNodeSlurm(polls=99)
+    slurm.silent = {"node2"}
+    ex = SlurmExecutor(slurm, retries=2)
+    ex.detect_s, ex.probe_s = 20.0, 5.0
+    attempts = carry(ex, Requeue(1, "101", 0, NOW))
+    # Three polls inside the wait are one journal line; the fourth is past it.
+    assert [o for o, _ in attempts] == ["started", "retry", "done"], attempts
+    assert "no step runs on node2 and Slurm has had less than 40s" in attempts[1][1]
+    assert slurm.probes == [("node2", None)] * 3
+    assert slurm.calls == [("requeue", "101")]
+
+
+def test_each_het_component_is_probed_in_its_own_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica job is heterogeneous: each node is asked through the leader's id and the
+    offset of the component that runs there (srun refuses a component's own id)."""
+    monkeypatch.setattr(executor_module, "HOLD_POLL_S", 0.01)
+    monkeypatch.setattr(executor_module.time, "time", lambda: NOW + 1)
+
+    class HetSlurm(LiveNodeSlurm):
+        def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+            if self.calls:
+                return [JobInfo("101", "r01", "PENDING", "", 1, "", "101", 0)]
+            return [
+                JobInfo("101", "r01", "RUNNING", "node2", 0, "", "101", 0),
+                JobInfo("102", "r01", "RUNNING", "node3", 0, "", "101", 1),
+            ]
+
+        def nodes(self, names: Iterable[str] = ()) -> list[NodeInfo]:
+            return [UP, NodeInfo("node3", "allocated")]
+
+    slurm = HetSlurm(polls=99)
+    ex = SlurmExecutor(slurm, retries=2)
+    ex.detect_s, ex.probe_s = 20.0, 5.0
+    attempts = carry(ex, Requeue(1, "101", 0, NOW))
+    assert [o for o, _ in attempts] == ["started", "done"], attempts
+    assert slurm.probes == [("node2", 0), ("node3", 1)]

@@ -97,3 +97,51 @@ def test_a_job_on_a_dead_node_is_left_to_slurm_and_keeps_its_gpus(
         if node is not None:
             power_on(slurm_cluster, node)
             wait_for(lambda: all(n.in_service for n in backend.nodes([node])), 120, f"{node} back")
+
+
+PROBE = """
+import json, sys
+from slurm.backend import CommandBackend
+b = CommandBackend()
+parts = [j for j in b.jobs([sys.argv[1]]) if j.base_id == sys.argv[1]]
+print(json.dumps([[j.het_offset, j.nodes, b.step_runs(sys.argv[1], j.nodes, 30, j.het_offset)]
+                  for j in parts]
+                 + [["gone", parts[0].nodes, b.step_runs("999999", parts[0].nodes, 30)]]))
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_a_step_of_each_het_component_proves_its_node_alive(
+    slurm_cluster: DevClusterConfig, site_user: SiteUser
+) -> None:
+    """The executor's proof that a silent replica's nodes are alive: its owner runs a one-task
+    step in each het component (as a replica job is built) beside the component's own steps,
+    which hold every CPU and GPU; a job that is not there proves nothing."""
+    folder = site_user.folder("probe")
+    script = folder / "job.sh"
+    started = folder / "started"
+    site_user.write(
+        script,
+        "#!/bin/bash\n"
+        "#SBATCH --nodes=1 --gres=gpu:8 --exclusive\n"
+        "#SBATCH hetjob\n"
+        "#SBATCH --nodes=1 --gres=gpu:8 --exclusive\n"
+        f"srun --het-group=0,1 --exact bash -c 'touch {started}.$SLURM_PROCID; sleep 300' &\n"
+        "wait\n",
+    )
+    sub = site_user.run(
+        ["sbatch", "--parsable", "--job-name=probe", f"--output={folder}/out-%j.txt", str(script)],
+        cwd=folder,
+    )
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0].split("+")[0]
+    try:
+        wait_for(lambda: len(list(folder.glob("started.*"))) == 2, 90, "both components' step")
+        probe = site_user.run([str(site_user.python), "-c", PROBE, job_id], timeout=120, cwd=folder)
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        found = json.loads(probe.stdout)
+        assert [(p[0], p[2]) for p in found] == [(0, True), (1, True), ("gone", False)], found
+        assert found[0][1] != found[1][1], found
+    finally:
+        CommandBackend().cancel([job_id])

@@ -24,7 +24,11 @@ and on 22.05 the job then starts elsewhere with no GRES (`JOB_GRES=(null)`, ever
 "Invalid generic resource (gres) specification") while the new node's GPUs stay counted as
 used; 24.11 and 26.05 requeue it again at DOWN, held back ~120 s (docs/design-facts.md, fact
 24). Slurm requeues such a job itself when it sets the node DOWN; the Requeue then ends skipped,
-and the Release that follows it makes the job eligible at once, kept off the node.
+and the Release that follows it makes the job eligible at once, kept off the node. Slurm's view
+of a node lags by up to a ping cycle (more on a loaded controller), so for a replica that fell
+silent the executor asks the node itself: a one-task step of the job (`step_runs`) that runs
+there proves its slurmd answers, and the requeue goes ahead at once; one that cannot run holds
+it until Slurm marks the node, or for twice Slurm's detection time.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from runtime.control.journal.schema import StoredAction
 from runtime.control.policy import Action, Cancel, Drain, Release, Requeue
@@ -96,11 +100,14 @@ def requeue_hold(
     last_heard: float | None,
     now: float,
     detect_s: float,
+    answered: Collection[str] = (),
 ) -> str | None:
     """Why a Requeue of the running `job` (on the nodes `names`, as Slurm read them into
     `nodes`) must wait (None: requeue now). Only nodes Slurm positively shows answering let it
-    go, and for a replica silent since `last_heard`, only once Slurm has had `detect_s` to
-    notice that a node died then."""
+    go. For a replica silent since `last_heard`, Slurm's view can be a ping cycle stale, so
+    each node must also have run a step since (`answered`); one that has not holds the
+    requeue until Slurm marks it, or for twice `detect_s`, after which Slurm has plainly seen
+    it alive and what stopped is the trainer (or the probe itself cannot run)."""
     shown = {n.name: n for n in nodes}
     if not names:
         return f"job {job.job_id} runs on no node Slurm names: waiting to read them"
@@ -111,11 +118,15 @@ def requeue_hold(
         if not node.responding:
             flags = "+".join((node.state.upper(), *node.flags))
             return f"{name} is {flags}: Slurm requeues job {job.job_id} when it sets it DOWN"
-    if last_heard is not None and now - last_heard < detect_s:
+    if last_heard is None or now - last_heard >= 2 * detect_s:
+        return None
+    silent = [n for n in names if n not in answered]
+    if silent:
         # Worded the same on every poll: the journal gets one line per reason, not per poll.
         return (
-            f"silent for less than the {detect_s:.0f}s Slurm takes to see a dead node: job "
-            f"{job.job_id} on {job.nodes} is requeued once it has had them"
+            f"no step runs on {','.join(silent)} and Slurm has had less than "
+            f"{2 * detect_s:.0f}s to see a dead node: job {job.job_id} is requeued once one "
+            "does or Slurm had them"
         )
     return None
 
@@ -142,6 +153,10 @@ class SlurmExecutor:
         self.drain_mode: DrainMode = drain_mode
         #: `detection_s` of the running Slurm, read at the first Requeue that needs it.
         self.detect_s: float | None = None
+        #: How long a step that proves a node alive may take (`_probe_s`).
+        self.probe_s: float | None = None
+        self._slurm_config: SlurmConfig | None = None
+        self._config_read = False
 
     async def carry_out(self, stored: StoredAction, resumed: bool, record: AttemptRecorder) -> None:
         """Run one journaled action with retries and backoff, each attempt recorded."""
@@ -220,18 +235,14 @@ class SlurmExecutor:
                 raise
             return ("done", "drained") if ok else ("skipped", "drained by someone else")
         if isinstance(action, Requeue):
-            current = lead_record(b.jobs([action.job_id]), action.job_id)
+            jobs = b.jobs([action.job_id])
+            current = lead_record(jobs, action.job_id)
             if current and current.restarts > action.restarts:
                 return ("skipped", f"already requeued (restart count {current.restarts})")
             if current and current.state.upper() == "PENDING":
                 return ("skipped", "job is pending, nothing to requeue")
             if current and current.state.upper() == "RUNNING":
-                names = hostlist.expand(current.nodes, "job nodes") if current.nodes else []
-                detect = self._detect_s() if action.last_heard is not None else 0.0
-                held = b.nodes(names) if names else []
-                why = requeue_hold(current, names, held, action.last_heard, time.time(), detect)
-                if why:
-                    raise NotYet(why)
+                self._hold(action, current, jobs)
             try:
                 b.requeue(action.job_id)
             except SlurmCommandError as exc:
@@ -254,15 +265,56 @@ class SlurmExecutor:
             return ("done", "cancelled")
         return ("skipped", f"not a Slurm action: {action}")
 
-    def _detect_s(self) -> float:
-        if self.detect_s is None:
+    def _hold(self, action: Requeue, current: JobInfo, jobs: Sequence[JobInfo]) -> None:
+        """Raise `NotYet` while a Requeue of the running job must wait (`requeue_hold`): the
+        nodes of every het component count, each probed with a step in its own component."""
+        component: dict[str, int | None] = {}  # node -> the het offset of its component
+        for part in jobs:
+            if part.base_id == action.job_id and part.nodes:
+                offset = part.het_offset if part.het_job_id else None
+                for name in hostlist.expand(part.nodes, "job nodes"):
+                    component.setdefault(name, offset)
+        names = list(component)
+        shown = self.backend.nodes(names) if names else []
+        now = time.time()
+        answered: list[str] = []
+        if action.last_heard is not None:
+            detect = self._detect_s()
+            if requeue_hold(current, names, shown, None, now, detect) is None and (
+                now - action.last_heard < 2 * detect
+            ):
+                for name in names:
+                    probe_s = self._probe_s()
+                    if not self.backend.step_runs(action.job_id, name, probe_s, component[name]):
+                        break
+                    answered.append(name)
+        else:
+            detect = 0.0
+        why = requeue_hold(current, names, shown, action.last_heard, now, detect, answered)
+        if why:
+            raise NotYet(why)
+
+    def _config(self) -> SlurmConfig | None:
+        if not self._config_read:
             try:
-                cfg: SlurmConfig | None = read_config(timeout=20)
+                self._slurm_config = read_config(timeout=20)
             except (EnvironmentProblem, SlurmOutputError) as exc:
                 log.warning("scontrol show config: %s; Slurm's default timeouts assumed", exc)
-                cfg = None
-            self.detect_s = detection_s(cfg)
+            self._config_read = True
+        return self._slurm_config
+
+    def _detect_s(self) -> float:
+        if self.detect_s is None:
+            self.detect_s = detection_s(self._config())
         return self.detect_s
+
+    def _probe_s(self) -> float:
+        """How long a probe step may take: one message's timeout, and time to start."""
+        if self.probe_s is None:
+            cfg = self._config()
+            message = cfg.seconds("MessageTimeout") if cfg else None
+            self.probe_s = (MESSAGE_TIMEOUT_S if message is None else message) + 5.0
+        return self.probe_s
 
     def _request_drain(self, action: Drain, seq: int) -> tuple[str, str]:
         """Write the drain request into the replica job's Comment, read back before counted."""

@@ -39,6 +39,8 @@ from slurm.records import (
 RELEASE_DELAY_S = 2
 #: Longest job comment `set_comment` writes (Slurm keeps far more; a drain request is shorter).
 COMMENT_MAX = 1000
+#: Environment prefixes that tie srun to the step it was started from.
+_STEP_ENV = ("SLURM_", "SRUN_", "SALLOC_", "SBATCH_")
 #: Seconds a Slurm command may take before a `notice` says what fthsdp is waiting for.
 WAIT_NOTICE_AFTER_S = 3.0
 
@@ -135,6 +137,42 @@ class CommandBackend:
 
     def requeue(self, job_id: str) -> None:
         self._run(["scontrol", "requeue", job_id])
+
+    def step_runs(
+        self, job_id: str, node: str, timeout: float, het_group: int | None = None
+    ) -> bool:
+        """Whether a one-task step of job `job_id` (of its component `het_group` for a het job:
+        Slurm takes the leader's id and the offset, not the component's own id) starts and
+        ends on `node` within `timeout`: proof that the node's slurmd answers, which
+        slurmctld's view only shows up to a ping cycle late. The step shares the job's CPUs and
+        takes no GRES and a token of memory, so it never waits behind the job's own steps. Any
+        failure (refused, node dead, too slow) is False: the caller waits for Slurm instead."""
+        check_node_name(node, "probe")
+        group = [] if het_group is None else [f"--het-group={int(het_group)}"]
+        argv = ["srun", f"--jobid={job_id}", *group, f"--nodelist={node}", "--nodes=1",
+                "--ntasks=1", "--overlap", "--gres=none", "--mem=1", "--quiet",
+                "--job-name=fthsdp-probe", "true"]  # fmt: skip
+        # The caller may itself run inside a job step: its SLURM_* would pick that step's
+        # sizes and id. Only the configuration's location is kept.
+        base = self.env if self.env is not None else dict(os.environ)
+        env = {k: v for k, v in base.items() if not k.startswith(_STEP_ENV) or k == "SLURM_CONF"}
+        try:
+            with subprocess.Popen(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            ) as proc:
+                try:
+                    return proc.wait(timeout=timeout) == 0
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return False
+        except FileNotFoundError:
+            return False
 
     def release(
         self,
