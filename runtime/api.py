@@ -39,6 +39,9 @@ What each piece maps to (the paper's protocol, torchft's mechanism):
   torchft heals every non-primary replica from the primary (`init_sync`) and at the end a lagging
   replica heals from a finished one; no replica takes data or steps the optimizer there, so the
   gradient scale and the ledger stay exact.
+* a quorum of fresh replicas (max step 0) with a complete durable checkpoint on disk votes
+  its step down and loads it on every participant (`runtime.checkpoint`): the run lost every
+  replica that held its state. A replica restarted beside live peers never reads the disk.
 """
 
 from __future__ import annotations
@@ -239,10 +242,26 @@ class FTHSDP:
     def optimizer(self, optim: torch.optim.Optimizer) -> FTOptimizer:
         """Wrap an optimizer: `step()` runs only if the replica's commit vote passes."""
         self.optim = optim
-        if self.resume and self.checkpointer is not None and self.model is not None:
-            self.checkpointer.maybe_restore(self)
         self.snapshot()
         return FTOptimizer(self, optim)
+
+    def durable_restore_due(self) -> bool:
+        """Whether this rank may start from the run's durable checkpoint (`resume`) and one is
+        complete; asked at a quorum of fresh replicas only (`StepProtocol`), so a replica with
+        live peers never pays for a load from disk."""
+        return (
+            self.resume
+            and self.checkpointer is not None
+            and self.model is not None
+            and self.checkpointer.has_complete()
+        )
+
+    def restore_durable(self) -> int | None:
+        """Load the newest complete durable checkpoint; step, ledger and heal snapshot follow."""
+        assert self.checkpointer is not None
+        step: int | None = self.checkpointer.maybe_restore(self)
+        self.snapshot()
+        return step
 
     def data(
         self,

@@ -4,10 +4,10 @@ Healing from a live peer covers a replica that fails while others keep training;
 the loss of all replicas (a power event, the whole run requeued). So one replica (the quorum's
 participant 0 of the committed step) writes a `torch.distributed.checkpoint` (DCP) checkpoint of
 its shards, the optimizer, torchft's step and the ledger cursor to `run_dir/checkpoints/step_N`,
-and marks it complete only after DCP has finished. A starting worker loads the newest complete
-checkpoint before its first quorum; the quorum then heals whoever is behind, so a lone restarted
-replica still catches up from its live peers and a cold restart resumes from disk with the
-cursor where it was.
+and marks it complete only after DCP has finished. A replica restarted beside live peers heals
+from them at its first quorum and never reads the disk. Only a quorum of fresh replicas (every
+participant at step 0: the run lost every replica that held its state) loads the newest complete
+checkpoint, every participant alike, and resumes with the cursor where it was.
 
 The save is DCP's asynchronous one: the step loop pays only for copying the state into staging
 memory, and the write runs on a thread over a gloo group of its own, so that its collectives
@@ -235,6 +235,9 @@ class DurableCheckpointer:
         for old in folders:
             if old not in kept and int(old.name.split("_")[1]) < newest:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def has_complete(self) -> bool:
+        return latest_complete(self.root) is not None
 
     def maybe_restore(self, ft: FTHSDP) -> int | None:
         """Load the newest complete checkpoint into `ft`; returns its step (None: nothing)."""

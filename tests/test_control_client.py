@@ -57,6 +57,12 @@ def test_merge_status_prefers_the_coordinator_and_lists_our_drains() -> None:
         {"node": "node3", "reason": "fthsdp: ecc: 2"},
     ]
     assert (out["quorum_id"], out["cursor"]) == (5, 84)
+    # Slurm restarted replica 0's job before the coordinator polled it: not "training" at 42
+    base["jobs"][1]["restarts"] = 1
+    behind = merge_status(base, coord, nodes)
+    first = behind["replicas"][0]
+    assert (first["state"], first["restarts"]) == ("starting", 1)
+    base["jobs"][1]["restarts"] = 0
     without = merge_status(base, None, [])
     assert [r["state"] for r in without["replicas"]] == ["starting", "pending"]
     assert without["coordinator"] is None

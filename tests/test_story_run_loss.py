@@ -68,6 +68,13 @@ def _ledger_max_step(run_dir: Path) -> int:
     return max(r.step for r in ledger.read_log(sorted((run_dir / "ledger").glob("r*.jsonl"))))
 
 
+def _back(row: dict[str, Any]) -> bool:
+    """Training in its requeued job, as the coordinator sees it: its count of Slurm's requeues
+    (squeue's restart count can show the requeue before the coordinator has polled it, while
+    its row still holds the lost incarnation's phase and step)."""
+    return row["state"] == "training" and (row["requeues"] or 0) >= 1 and row["restarts"] >= 1
+
+
 def _restored(run_dir: Path) -> list[int]:
     steps = []
     for path in sorted((run_dir / "progress").glob("r*.jsonl")):
@@ -145,7 +152,7 @@ def _run_loss(gated: DevClusterConfig, user: SiteUser) -> None:
         back = wait_until(
             env,
             run_dir,
-            lambda r: all(x["state"] == "training" and x["restarts"] >= 1 for x in r.values()),
+            lambda r: all(_back(x) for x in r.values()),
             300,
             "every replica requeued and training again",
             trace,
@@ -155,11 +162,7 @@ def _run_loss(gated: DevClusterConfig, user: SiteUser) -> None:
         # status shows what the restored replicas report, not the step lost with the power
         after_loss = [reps for t, reps in trace if t > t_loss]
         for k in jobs:
-            seen = [
-                reps[k]["step"]
-                for reps in after_loss
-                if k in reps and reps[k]["state"] == "training" and reps[k]["restarts"] >= 1
-            ]
+            seen = [reps[k]["step"] for reps in after_loss if k in reps and _back(reps[k])]
             assert seen and seen[0] is not None and seen[0] < lost_at, (k, seen, lost_at)
         final = wait_until(
             env,

@@ -12,6 +12,9 @@
 * steps whose quorum max step is 0 or past the last step are data-free *sync steps*: at step 0
   torchft heals every non-primary replica from the primary (`init_sync`) and at the end a
   lagging replica heals from a finished one; no replica takes data or steps the optimizer there.
+* a quorum of fresh replicas (max step 0) with a complete durable checkpoint on disk votes its
+  step down and loads it on every participant: the run lost every replica that held its state.
+  A replica restarted beside live peers heals from them and never reads the disk.
 
 The protocol runs inside the worker facade (`runtime.api.FTHSDP`), which holds the model, the
 ledger state and the side services; `StepHost` names what the protocol uses of it.
@@ -98,6 +101,8 @@ class StepHost(Protocol):
     def event(self, event: str, **fields: Any) -> None: ...
 
     def snapshot(self) -> None: ...
+    def durable_restore_due(self) -> bool: ...
+    def restore_durable(self) -> int | None: ...
 
     def check_watchdog(self) -> None: ...
 
@@ -271,6 +276,9 @@ class StepProtocol:
                 return self._start_plan(self.ft.manager.current_step() - 1)
             self._quorum()
             max_step = self.ft.manager.current_step()
+            if max_step == 0 and self.ft.durable_restore_due():
+                self._restore_durable()
+                continue
             if max_step == 0:
                 self._sync_step("init")
                 continue
@@ -319,6 +327,17 @@ class StepProtocol:
                 except (ValueError, KeyError, TypeError):
                     continue
         return False
+
+    def _restore_durable(self) -> None:
+        """A quorum of fresh replicas with a complete durable checkpoint on disk: every
+        participant sees the same quorum and takes this branch. It votes the step down (no one
+        trains from the initial weights), then loads the checkpoint, so the next quorum finds
+        them all at its step."""
+        m = self.ft.manager
+        m.report_error(RuntimeError("restoring the run from its durable checkpoint"))
+        m.allreduce(torch.zeros(1, device=self.ft.device)).wait()
+        m.should_commit()
+        self.ft.restore_durable()
 
     def _refuse_fresh_start(self) -> None:
         """Vote no on this step (every fresh peer does the same) and ask for a quorum again."""
