@@ -36,11 +36,25 @@ CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
 CHECKPOINT_EVERY_S = "FTHSDP_CHECKPOINT_EVERY_S"
 #: `FTHSDP_CHECKPOINT_EVERY_S` for the Young/Daly cadence.
 CHECKPOINT_AUTO = "auto"
+
+
+def checkpoint_every_s_value(every_s: float | None) -> str:
+    """`FTHSDP_CHECKPOINT_EVERY_S` for a cadence in seconds (None: Young/Daly's, `auto`)."""
+    if every_s is None:
+        return CHECKPOINT_AUTO
+    return str(int(every_s)) if float(every_s).is_integer() else repr(float(every_s))
+
+
 #: The failure model the Young/Daly cadence is computed against (`train.*` of the same names).
 RUN_NODES = "FTHSDP_RUN_NODES"
 NODE_FAILURES_PER_1000_DAY = "FTHSDP_NODE_FAILURES_PER_1000_DAY"
 RUN_LOSSES_PER_DAY = "FTHSDP_RUN_LOSSES_PER_DAY"
 REQUEUE_COST_S = "FTHSDP_REQUEUE_COST_S"
+#: Their defaults: assumptions a site should replace with its own history (Llama 3's ~2.3 node
+#: failures per 1000 nodes a day, one whole-run loss in ten days, a 120 s requeue).
+DEFAULT_NODE_FAILURES_PER_1000_DAY = 2.3
+DEFAULT_RUN_LOSSES_PER_DAY = 0.1
+DEFAULT_REQUEUE_COST_S = 120.0
 STEPS = "FTHSDP_STEPS"
 HEALTH_CHECKS = "FTHSDP_HEALTH_CHECKS"
 #: A fixed Lighthouse instead of the control file (a worker started by hand); torchft's own

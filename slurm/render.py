@@ -115,10 +115,6 @@ def _opts(*pairs: tuple[str, object]) -> list[Option]:
     return out
 
 
-def _checkpoint_every_s(every_s: float | None) -> str:
-    return contract.CHECKPOINT_AUTO if every_s is None else _num(every_s)
-
-
 def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
     """The FTHSDP_* variables every job of the run exports (`slurm.contract`)."""
     t = spec.train
@@ -137,7 +133,10 @@ def runtime_env(spec: JobSpec) -> list[tuple[str, str]]:
         (contract.JOIN_TIMEOUT_S, _num(t.join_timeout_s)),
         (contract.CONTROL_WAIT_S, _num(t.control_wait_in_effect_s)),
         (contract.CHECKPOINT_EVERY_STEPS, str(t.checkpoint_every_steps)),
-        (contract.CHECKPOINT_EVERY_S, _checkpoint_every_s(t.checkpoint_every_s_in_effect)),
+        (
+            contract.CHECKPOINT_EVERY_S,
+            contract.checkpoint_every_s_value(t.checkpoint_every_s_in_effect),
+        ),
         (contract.RUN_NODES, str(spec.replicas.count * spec.replicas.nodes)),
         (contract.NODE_FAILURES_PER_1000_DAY, _num(t.failures_per_1000_nodes_day)),
         (contract.RUN_LOSSES_PER_DAY, _num(t.run_losses_per_day)),

@@ -113,10 +113,8 @@ class LocalLauncher:
                 contract.JOIN_TIMEOUT_S: str(cfg.timeouts.join_s),
                 contract.CONTROL_WAIT_S: str(cfg.timeouts.control_s),
                 contract.CHECKPOINT_EVERY_STEPS: str(cfg.checkpoint_every_steps),
-                contract.CHECKPOINT_EVERY_S: (
-                    contract.CHECKPOINT_AUTO
-                    if cfg.checkpoint_every_s is None
-                    else str(cfg.checkpoint_every_s)
+                contract.CHECKPOINT_EVERY_S: contract.checkpoint_every_s_value(
+                    cfg.checkpoint_every_s
                 ),
                 contract.RUN_NODES: str(cfg.failure_model.nodes),
                 contract.NODE_FAILURES_PER_1000_DAY: str(

@@ -27,6 +27,7 @@ from runtime.sim.reliability import (
     run_loss_mtbf_s,
     young_daly_interval_s,
 )
+from slurm import contract
 from slurm.errors import InputError
 
 #: What a spare slot holds (`SimParams.spare_kind`).
@@ -58,7 +59,7 @@ class SimParams:
     gpus_per_node: int = 8
     replicas: int = 12
     # Independent node failures: failures per 1000 nodes per day (Llama 3 reported ~2.3 at 32K).
-    failures_per_1000_nodes_day: float = 2.3
+    failures_per_1000_nodes_day: float = contract.DEFAULT_NODE_FAILURES_PER_1000_DAY
     # Correlated failures: events per day for the whole job, each taking out a rack that spans
     # `rack_span_replicas` replicas (1 when replicas are rack-aligned, more when striped).
     rack_failures_per_day: float = 0.0

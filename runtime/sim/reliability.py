@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from slurm import contract
 from slurm.errors import InputError
 
 SECONDS_PER_DAY = 86_400.0
@@ -92,14 +93,13 @@ def young_daly_interval_s(write_s: float, mtbf_s: float) -> float:
 class RunFailureModel:
     """What a run expects to fail: the input of its default checkpoint cadence.
 
-    The defaults are assumptions a site should replace with its own history: Llama 3's ~2.3
-    node failures per 1000 nodes a day, one whole-run loss in ten days, and a 120 s requeue.
+    The defaults are the env contract's (`slurm.contract`), which the spec's `train.*` share.
     """
 
     nodes: int = 1
-    failures_per_1000_nodes_day: float = 2.3
-    run_losses_per_day: float = 0.1
-    requeue_cost_s: float = 120.0
+    failures_per_1000_nodes_day: float = contract.DEFAULT_NODE_FAILURES_PER_1000_DAY
+    run_losses_per_day: float = contract.DEFAULT_RUN_LOSSES_PER_DAY
+    requeue_cost_s: float = contract.DEFAULT_REQUEUE_COST_S
 
     def run_loss_mtbf_s(self, replicas: int) -> float:
         return run_loss_mtbf_s(

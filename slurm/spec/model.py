@@ -382,8 +382,8 @@ class TrainSection:
     checkpoint_every_s: float | None = None
     #: The failure model behind that cadence: independent node failures (Llama 3 saw ~2.3 per
     #: 1000 nodes a day) and events that take out every replica at once (power, cooling).
-    failures_per_1000_nodes_day: float = 2.3
-    run_losses_per_day: float = 0.1
+    failures_per_1000_nodes_day: float = contract.DEFAULT_NODE_FAILURES_PER_1000_DAY
+    run_losses_per_day: float = contract.DEFAULT_RUN_LOSSES_PER_DAY
     #: Straggler policy of the control job (`runtime.control.straggler`): a replica this many
     #: times slower than its peers' median compute, for `straggler_window_steps` steps or
     #: `straggler_window_s` seconds, is a straggler; it is evicted when the time it costs the run
