@@ -150,20 +150,3 @@ def test_an_outage_past_the_control_wait_is_a_process_fault() -> None:
         wait.wait_out(RuntimeError("Timeout expired"), wait.deadline())
     assert err.value.exit_code == ExitCode.PROCESS_FAULT
     assert 0.5 <= time.monotonic() - started < 10
-
-
-def test_a_failure_while_the_coordinator_does_not_answer_is_a_restart_in_place(
-    lighthouse: str,
-) -> None:
-    """Killed and restarted in place by its keeper, the control plane brings the gate back at
-    the Lighthouse's old address before its coordinator listens and rewrites control.json: a
-    quorum that fails then is retried, not taken for a process fault (which relaunched a
-    replica in one `make test` on 26.05). Once the coordinator answers, the same failure of a
-    settled plane is real again."""
-    env = FakeEnv(ControlEndpoints(lighthouse, _free_address(), NOW - 500))
-    wait = waiter(env, lighthouse)
-    wait.wait_out(RuntimeError("transport error"), time.monotonic() + 5)
-    assert wait.control_started_at == NOW - 500
-    env.found = ControlEndpoints(lighthouse, lighthouse, NOW - 500)
-    with pytest.raises(FatalWorkerError, match="quorum failed"):
-        wait.wait_out(RuntimeError("Timeout expired"), time.monotonic() + 5)

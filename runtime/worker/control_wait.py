@@ -41,7 +41,6 @@ log = logging.getLogger("fthsdp.runtime")
 
 
 def lighthouse_reachable(address: str) -> bool:
-    """Whether `address` (a Lighthouse's or coordinator's URL) accepts a TCP connection."""
     parsed = urlparse(address)
     if not parsed.hostname or not parsed.port:
         return False
@@ -130,15 +129,7 @@ class ControlRestartWait:
         failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
         found = self.env.endpoints()
         restarted = found is not None and found.started_at != self.control_started_at
-        # A restart in place brings the gate back at the Lighthouse's address before the
-        # coordinator listens and rewrites control.json: a coordinator that does not answer
-        # is a restart under way, whatever control.json still says.
-        restarting = (
-            found is not None
-            and found.coordinator is not None
-            and not lighthouse_reachable(found.coordinator)
-        )
-        steady = not (restarted or restarting or self.settling(found))
+        steady = not (restarted or self.settling(found))
         if steady and found is not None and lighthouse_reachable(found.lighthouse):
             raise failed from exc  # the quorum service is up, unchanged and settled: real
         remaining = give_up - time.monotonic()
@@ -164,11 +155,5 @@ class ControlRestartWait:
             self.lighthouse = lighthouse
         found = self.env.endpoints()
         self.control_started_at = found.started_at if found else None
-        when = (
-            "restarted"
-            if restarted
-            else "restarts (its coordinator does not answer)"
-            if restarting
-            else "settles after its start"
-        )
+        when = "restarted" if restarted else "settles after its start"
         log.warning("quorum failed while the control plane %s; retrying: %s", when, exc)
