@@ -88,11 +88,18 @@ def merge_status(
     for k in sorted(set(rows) | set(creps)):
         row, c = rows.get(k, {}), creps.get(k)
         slurm_state = str(row.get("state", "")).upper()
-        state = c["phase"] if c else _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
-        if c and isinstance(row.get("restarts"), int) and row["restarts"] > (c["restarts"] or 0):
-            # Slurm restarted the job since the coordinator last polled it: its phase is the
-            # lost incarnation's, which Slurm's state replaces until it catches up.
-            state = _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
+        # Slurm restarted the job since the coordinator last polled it: the coordinator's
+        # phase is the lost incarnation's, which Slurm's state replaces until it catches up.
+        behind = (
+            c is not None
+            and isinstance(row.get("restarts"), int)
+            and (row["restarts"] > (c["restarts"] or 0))
+        )
+        state = (
+            c["phase"]
+            if c and not behind
+            else _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
+        )
         if slurm_state in ("PENDING", "REQUEUED") and state in ("starting", "restarting"):
             state = "pending"
         nodes_field = [n for n in row.get("nodes", []) if n] or (c["nodes"] if c else [])

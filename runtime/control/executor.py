@@ -277,20 +277,17 @@ class SlurmExecutor:
         names = list(component)
         shown = self.backend.nodes(names) if names else []
         now = time.time()
-        answered: list[str] = []
-        if action.last_heard is not None:
+        why = requeue_hold(current, names, shown, None, now, 0.0)
+        if why is None and action.last_heard is not None:
             detect = self._detect_s()
-            if requeue_hold(current, names, shown, None, now, detect) is None and (
-                now - action.last_heard < 2 * detect
-            ):
+            answered: list[str] = []
+            if now - action.last_heard < 2 * detect:
+                probe_s = self._probe_s()
                 for name in names:
-                    probe_s = self._probe_s()
                     if not self.backend.step_runs(action.job_id, name, probe_s, component[name]):
                         break
                     answered.append(name)
-        else:
-            detect = 0.0
-        why = requeue_hold(current, names, shown, action.last_heard, now, detect, answered)
+            why = requeue_hold(current, names, shown, action.last_heard, now, detect, answered)
         if why:
             raise NotYet(why)
 

@@ -97,30 +97,36 @@ class CommandBackend:
         assert last is not None
         raise last
 
-    def _attempt(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        """One run of a command under the timeout; says so once when it is slow to answer."""
-        quiet = self.notice is None or self.timeout <= WAIT_NOTICE_AFTER_S
+    def _attempt(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """One run of a command under the backend's timeout (or `timeout`), with its
+        environment (or `env`); says so once when it is slow to answer."""
+        env = self.env if env is None else env
+        timeout = self.timeout if timeout is None else timeout
+        quiet = self.notice is None or timeout <= WAIT_NOTICE_AFTER_S
         with subprocess.Popen(
             list(argv),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=self.env,
+            env=env,
             start_new_session=True,  # a timeout stops the command's children too
         ) as proc:
             try:
                 try:
-                    out, err = proc.communicate(
-                        timeout=self.timeout if quiet else WAIT_NOTICE_AFTER_S
-                    )
+                    out, err = proc.communicate(timeout=timeout if quiet else WAIT_NOTICE_AFTER_S)
                 except subprocess.TimeoutExpired:
                     if quiet or self.notice is None:
                         raise
                     self.notice(
                         f"fthsdp: waiting for `{argv[0]}` to answer (slurmctld slow or "
-                        f"unreachable); giving up after {self.timeout:.0f} s"
+                        f"unreachable); giving up after {timeout:.0f} s"
                     )
-                    out, err = proc.communicate(timeout=self.timeout - WAIT_NOTICE_AFTER_S)
+                    out, err = proc.communicate(timeout=timeout - WAIT_NOTICE_AFTER_S)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -157,21 +163,8 @@ class CommandBackend:
         base = self.env if self.env is not None else dict(os.environ)
         env = {k: v for k, v in base.items() if not k.startswith(_STEP_ENV) or k == "SLURM_CONF"}
         try:
-            with subprocess.Popen(
-                argv,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            ) as proc:
-                try:
-                    return proc.wait(timeout=timeout) == 0
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return False
-        except FileNotFoundError:
+            return self._attempt(argv, env=env, timeout=timeout).returncode == 0
+        except (subprocess.TimeoutExpired, FileNotFoundError):
             return False
 
     def release(
