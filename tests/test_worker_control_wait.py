@@ -9,6 +9,7 @@ the quorum for its peers once more.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -45,6 +46,18 @@ def lighthouse() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def rewritten_after(env: FakeEnv, delay: float, found: ControlEndpoints) -> Iterator[None]:
+    """control.json rewritten to `found` `delay` seconds into the block, as a control plane
+    coming back does."""
+    timer = threading.Timer(delay, lambda: setattr(env, "found", found))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def waiter(env: FakeEnv, lighthouse: str) -> ControlRestartWait:
@@ -127,14 +140,8 @@ def test_an_outage_longer_than_the_join_timeout_is_waited_out(lighthouse: str) -
     )
     wait = waiter(env, down)
     started = time.monotonic()
-    timer = threading.Timer(
-        1.0, lambda: setattr(env, "found", ControlEndpoints(lighthouse, None, NOW - 1))
-    )
-    timer.start()
-    try:
+    with rewritten_after(env, 1.0, ControlEndpoints(lighthouse, None, NOW - 1)):
         wait.wait_out(RuntimeError("Timeout expired"), wait.deadline())
-    finally:
-        timer.cancel()
     assert time.monotonic() - started >= 1.0 > env.timeouts.join_s
     assert (wait.lighthouse, wait.control_started_at) == (lighthouse, NOW - 1)
 
@@ -150,3 +157,46 @@ def test_an_outage_past_the_control_wait_is_a_process_fault() -> None:
         wait.wait_out(RuntimeError("Timeout expired"), wait.deadline())
     assert err.value.exit_code == ExitCode.PROCESS_FAULT
     assert 0.5 <= time.monotonic() - started < 10
+
+
+def test_a_restart_in_place_is_waited_on_until_control_json_names_the_new_plane(
+    lighthouse: str,
+) -> None:
+    """Restarted in place by its keeper, the control plane brings its gate back at the old
+    address before its coordinator listens and rewrites control.json. A quorum that fails then
+    is retried only once control.json names the new incarnation: the retry's store keys are
+    namespaced by its start, and a retry under the old one hung the run."""
+    env = FakeEnv(ControlEndpoints(lighthouse, _free_address(), NOW - 500))
+    wait = waiter(env, lighthouse)
+    started = time.monotonic()
+    with rewritten_after(env, 0.5, ControlEndpoints(lighthouse, lighthouse, NOW - 1)):
+        wait.wait_out(RuntimeError("transport error"), time.monotonic() + 10)
+    assert time.monotonic() - started >= 0.5
+    assert (wait.control_started_at, wait.epoch()) == (NOW - 1, int(NOW - 1))
+
+
+def test_a_coordinator_that_answers_again_unchanged_leaves_the_failure_real(
+    lighthouse: str,
+) -> None:
+    """A coordinator that was only slow to answer, with control.json unchanged and the plane
+    settled: nothing restarted, so the quorum's failure is the replica's own."""
+    down = _free_address()
+    env = FakeEnv(ControlEndpoints(lighthouse, down, NOW - 500))
+    wait = waiter(env, lighthouse)
+    back = ControlEndpoints(lighthouse, lighthouse, NOW - 500)
+    with (
+        rewritten_after(env, 0.3, back),
+        pytest.raises(FatalWorkerError, match="quorum failed"),
+    ):
+        wait.wait_out(RuntimeError("Timeout expired"), time.monotonic() + 10)
+    assert wait.control_started_at == NOW - 500
+
+
+def test_a_restart_in_place_that_never_completes_is_a_process_fault(lighthouse: str) -> None:
+    env = FakeEnv(ControlEndpoints(lighthouse, _free_address(), NOW - 500))
+    wait = waiter(env, lighthouse)
+    started = time.monotonic()
+    with pytest.raises(FatalWorkerError, match="quorum failed") as err:
+        wait.wait_out(RuntimeError("Timeout expired"), time.monotonic() + 0.6)
+    assert err.value.exit_code == ExitCode.PROCESS_FAULT
+    assert 0.6 <= time.monotonic() - started < 10

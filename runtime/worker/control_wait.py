@@ -22,6 +22,12 @@ quorums may fail (a peer still out on its own retry is missing from the process 
 failure while the control plane is younger than the join timeout is retried as part of the
 restart: exiting then would count as the replica's failure and restart it, which changes the
 quorum once more for the peers.
+
+A control plane restarted in place by its keeper brings its Lighthouse and gate back at the old
+addresses before its coordinator listens and rewrites `control.json`. A quorum that fails while
+the coordinator named there does not answer is therefore waited on until `control.json` names
+the new incarnation (or the coordinator answers again, and nothing was restarted): the retry
+must use the new start time, since the quorum's store keys are namespaced by it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ log = logging.getLogger("fthsdp.runtime")
 
 
 def lighthouse_reachable(address: str) -> bool:
+    """Whether `address` (a Lighthouse's or coordinator's URL) accepts a TCP connection."""
     parsed = urlparse(address)
     if not parsed.hostname or not parsed.port:
         return False
@@ -116,6 +123,39 @@ class ControlRestartWait:
             return False
         return 0 <= self.clock() - found.started_at < self.env.timeouts.join_s
 
+    def _past_restart_in_place(
+        self,
+        found: ControlEndpoints | None,
+        give_up: float,
+        failed: FatalWorkerError,
+        exc: Exception,
+    ) -> ControlEndpoints | None:
+        """The control file once it shows no restart in place under way: either it names a new
+        incarnation, or the coordinator it names answers (or none is named). A coordinator that
+        does not answer while the file is unchanged is a restart whose new child has not yet
+        rewritten the file; past `give_up` that is the process fault `failed`."""
+        delay = 0.1
+        told = False
+        while (
+            found is not None
+            and found.started_at == self.control_started_at
+            and found.coordinator is not None
+            and not lighthouse_reachable(found.coordinator)
+        ):
+            if time.monotonic() >= give_up:
+                raise failed from exc
+            if not told:
+                log.warning(
+                    "quorum failed while the coordinator at %s does not answer; waiting for "
+                    "the control plane to restart",
+                    found.coordinator,
+                )
+                told = True
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            found = self.env.endpoints()
+        return found
+
     def wait_out(self, exc: Exception, give_up: float) -> None:
         """After a failed quorum: return (to retry it) if the control job was restarted, or
         started less than the join timeout ago, and its Lighthouse is back, at the same address
@@ -127,7 +167,7 @@ class ControlRestartWait:
         with a process fault and its supervisor relaunches the step with the new address.
         """
         failed = FatalWorkerError(f"quorum failed: {exc}", ExitCode.PROCESS_FAULT, [repr(exc)])
-        found = self.env.endpoints()
+        found = self._past_restart_in_place(self.env.endpoints(), give_up, failed, exc)
         restarted = found is not None and found.started_at != self.control_started_at
         steady = not (restarted or self.settling(found))
         if steady and found is not None and lighthouse_reachable(found.lighthouse):
