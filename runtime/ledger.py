@@ -375,3 +375,19 @@ def read_log(paths: Iterable[Path]) -> list[LedgerRecord]:
             except (ValueError, TypeError):
                 continue
     return out
+
+
+def appended_since(log_dir: Path, since: float) -> bool:
+    """Whether any replica's ledger log in `log_dir` was written after `since` (wall clock).
+
+    A replica that starts with no state and finds one written after its own start knows that a
+    replica holding the run's state committed meanwhile, so it is alive: what a quorum of fresh
+    replicas asks before it restores the run from disk (a whole-run loss leaves every log older
+    than the replicas that come back)."""
+    for path in log_dir.glob("r*.jsonl"):
+        try:
+            if path.stat().st_mtime > since:
+                return True
+        except OSError:
+            continue
+    return False

@@ -5,7 +5,9 @@ joining) are re-issued at later steps; `verify` replays the records and proves e
 from __future__ import annotations
 
 import json
+import os
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -263,3 +265,24 @@ def test_state_and_log_roundtrip_skip_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "r1.jsonl"
     path.write_text(rec.to_json() + "\n" + '{"step": 4, "repl')
     assert ledger.read_log([path]) == [rec]
+
+
+@pytest.mark.parametrize(
+    ("ages", "since_ago", "alive"),
+    [
+        ((), 10.0, False),  # no log at all: nothing holds the run's state
+        ((100.0, 50.0), 10.0, False),  # every log older than the start: a whole-run loss
+        ((100.0, 2.0), 10.0, True),  # one replica committed after the start: it is alive
+        ((5.0,), 10.0, True),
+    ],
+)
+def test_a_log_written_since_a_start_means_a_replica_with_state_is_alive(
+    tmp_path: Path, ages: tuple[float, ...], since_ago: float, alive: bool
+) -> None:
+    now = time.time()
+    for i, age in enumerate(ages):
+        path = tmp_path / f"r{i:02d}.jsonl"
+        path.write_text('{"step": 3}\n')
+        os.utime(path, (now - age, now - age))
+    (tmp_path / "notes.txt").write_text("not a ledger log")
+    assert ledger.appended_since(tmp_path, now - since_ago) is alive

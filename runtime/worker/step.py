@@ -277,7 +277,10 @@ class StepProtocol:
             self._quorum()
             max_step = self.ft.manager.current_step()
             if max_step == 0 and self.ft.durable_restore_due():
-                self._restore_durable()
+                if self._state_alive_elsewhere():
+                    self._refuse_fresh_start()
+                else:
+                    self._restore_durable()
                 continue
             if max_step == 0:
                 self._sync_step("init")
@@ -327,6 +330,15 @@ class StepProtocol:
                 except (ValueError, KeyError, TypeError):
                     continue
         return False
+
+    def _state_alive_elsewhere(self) -> bool:
+        """A quorum of fresh replicas with a checkpoint on disk, while a replica that holds the
+        run's state committed after this one started: that replica is alive and was only missed
+        by this quorum. Restoring now would train from the checkpoint's step beside it, on a
+        second history, so the fresh group waits for it instead, up to the join timeout."""
+        if time.time() - self.started_at > self.ft.env.timeouts.join_s:
+            return False
+        return ledger.appended_since(self.ft.env.run_dir / "ledger", self.started_at)
 
     def _restore_durable(self) -> None:
         """A quorum of fresh replicas with a complete durable checkpoint on disk: every
