@@ -2,7 +2,8 @@
 
 Both are dominated by waits on dev clusters and multi-process training, so they run in two lanes
 at once: the host's `slurm or slow` tests, and beside them every other release of the matrix, one
-after the other. Every lane starts its own dev clusters (their own folders, ports and munge
+after the other, then a few multi-process tests that need no Slurm (`BESIDE_THE_RELEASES`), which
+even the two lanes out. Every lane starts its own dev clusters (their own folders, ports and munge
 sockets). The first lane streams to the terminal; each release writes to its own log, printed
 when it ends, so pytest progress lines never interleave. `--serial` runs every part one after the
 other. Four lanes were tried and overloaded the two cores (docs/benchmarks.md).
@@ -108,15 +109,30 @@ def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]
     ]
 
 
+#: Multi-process tests that need no Slurm, run after the releases in their lane rather than in
+#: the host's: the host lane was about 10 minutes the longer of the two (docs/benchmarks.md).
+BESIDE_THE_RELEASES = (
+    "tests/test_story_ft_protocol.py",
+    "tests/test_quality_short.py",
+    "tests/test_report_browser.py",
+)
+
+
 def lanes(python: str, matrix: list[Part], log_dir: Path, serial: bool) -> list[list[Part]]:
     """The parts of the slow tier, lane by lane; each part told how many lanes run at once."""
+    ignored = [f"--ignore={path}" for path in BESIDE_THE_RELEASES]
     host = Part(
         "slurm and slow tests on the host",
-        [python, "-m", "pytest", "--durations=15", "-m", "slurm or slow"],
+        [python, "-m", "pytest", "--durations=15", *ignored, "-m", "slurm or slow"],
+    )
+    beside = Part(
+        "multi-process tests without Slurm",
+        [python, "-m", "pytest", "--durations=15", *BESIDE_THE_RELEASES, "-m", "slow"],
+        log=log_dir / "beside-the-releases.log",
     )
     # Two lanes: four (the host's tier split in two, each release apart) took the load average
     # past 15 and the heavy stories failed for want of CPU (docs/benchmarks.md).
-    plan = [[host, *matrix]] if serial else [[host], matrix]
+    plan = [[host, *matrix, beside]] if serial else [[host], [*matrix, beside]]
     # Beside each other, the heavy tests of all lanes take turns: one per core at a time.
     heavy = "0" if serial else str(os.cpu_count() or 2)
     for lane in plan:

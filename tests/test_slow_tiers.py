@@ -95,13 +95,19 @@ def test_a_stop_sends_sigint_to_every_running_part_and_runs_no_more(tmp_path: Pa
 
 
 def test_the_host_tier_runs_beside_the_releases_one_after_the_other(tmp_path: Path) -> None:
-    from slow_tiers import lanes
+    from slow_tiers import BESIDE_THE_RELEASES, lanes
 
     matrix = [Part(f"m{v}", ["true"], log=tmp_path / f"slurm-{v}.log") for v in ("24.11", "26.05")]
     plan = lanes("py", matrix, tmp_path, serial=False)
-    assert [len(lane) for lane in plan] == [1, 2]
+    assert [len(lane) for lane in plan] == [1, 3]
     assert plan[0][0].log is None and plan[0][0].argv[-1] == "slurm or slow"
-    assert plan[1] == matrix
+    assert plan[1][:2] == matrix
+    # the multi-process tests without Slurm run after the releases, and not on the host lane
+    moved = plan[1][2]
+    assert moved.argv[-2:] == ["-m", "slow"] and moved.log is not None
+    for path in BESIDE_THE_RELEASES:
+        assert path in moved.argv and f"--ignore={path}" in plan[0][0].argv
+        assert (Path(__file__).parent.parent / path).is_file()
     assert all(part.env["FTHSDP_TEST_LANES"] == "2" for lane in plan for part in lane)
     assert {part.env["FTHSDP_HEAVY_SLOTS"] for lane in plan for part in lane} == {
         str(os.cpu_count() or 2)
@@ -113,7 +119,7 @@ def test_serial_runs_the_host_tier_as_one_part_then_each_release() -> None:
 
     matrix = [Part("m", ["true"])]
     (lane,) = lanes("py", matrix, Path("/tmp"), serial=True)
-    assert [p.name for p in lane][1:] == ["m"]
+    assert [p.name for p in lane][1:] == ["m", "multi-process tests without Slurm"]
     assert lane[0].argv[-2:] == ["-m", "slurm or slow"]
     assert lane[0].env["FTHSDP_TEST_LANES"] == "1"
     assert lane[0].env["FTHSDP_HEAVY_SLOTS"] == "0"
