@@ -207,11 +207,18 @@ def test_a_long_path_flood_leaves_metrics_and_memory_small(tmp_path: Path) -> No
     refused = [line for line in metrics.splitlines() if line.startswith("fthsdp_control_refused")]
     # Connections the client opened and never used may also time out; only requests count here.
     refused = [line for line in refused if "404" in line or "401 /v1/replicas" in line]
-    assert sorted(refused) == [
-        'fthsdp_control_refused_total{reason="401 /v1/replicas/{k}/directive"} '
-        f"{by_route['directive']}.0",
-        f'fthsdp_control_refused_total{{reason="404 unmatched"}} {by_route["unmatched"]}.0',
-    ], refused
+    reasons = {"directive": "401 /v1/replicas/{k}/directive", "unmatched": "404 unmatched"}
+    counted = {
+        k: float(line.rsplit(" ", 1)[1])
+        for line in refused
+        for k, reason in reasons.items()
+        if line.startswith(f'fthsdp_control_refused_total{{reason="{reason}"}} ')
+    }
+    assert len(refused) == 2 and set(counted) == set(reasons), refused
+    # aiohttp's client sends a GET again once when its connection fails before the answer is
+    # read, so the server may have refused (and counted) a few requests twice; never fewer.
+    for k, seen in by_route.items():
+        assert seen <= counted[k] <= seen + 50, (k, seen, refused)
     assert rss_growth < 8.0, f"{rss_growth:.1f} MiB in {seconds:.0f} s"
     # One summary line per 10 s at most, each short (the timestamp and logger name come first).
     assert len(log_lines) <= 2 + seconds / 10, log_lines
