@@ -13,15 +13,20 @@ import itertools
 import random
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 #: What each kind does, and what the run must do about it.
 KINDS: dict[str, str] = {
     "xid79": "an Xid 79 on the replica's node: drain and requeue that replica only",
+    "ecc": "uncorrectable ECC errors on the replica's node: drain and requeue that replica only",
     "kill": "the replica's processes killed, no hardware sign: relaunched in place, no requeue",
+    "slow": "the replica's node made 5x slower: the replica alone evicted as a straggler, "
+    "requeued off the node",
     "down": "power loss of the replica's node: Slurm finds it down, the replica is requeued",
     "control": "the control job requeued (its coordinator and Lighthouse die): replicas ride on",
+    "control-down": "power loss of the control job's node: the control plane comes back "
+    "elsewhere, a replica beside it is requeued by Slurm, the others ride on",
     "coordinator": "the control plane's process killed (kill -9): its keeper restarts it in "
     "place, no replica restarts",
     "slurmctld": "slurmctld stopped and restarted on its saved state: no replica restarts",
@@ -29,13 +34,18 @@ KINDS: dict[str, str] = {
 }
 #: The short campaign `make test` runs: one of each kind that needs no second free node.
 SHORT_KINDS = ("xid79", "kill", "control")
+#: Strikes the control job's node, and with it whichever replica Slurm placed beside it when
+#: the fault comes (none, or one that is not the protected replica): its `replica` is
+#: `ANY_REPLICA` in a schedule, and the one it struck once it has.
+CONTROL_DOWN = "control-down"
+ANY_REPLICA = -1
 #: Kinds that count as a failure of the replica they strike (and, for `second`, of the other).
-FAILS = frozenset({"xid79", "kill", "down", "second"})
+FAILS = frozenset({"xid79", "ecc", "kill", "slow", "down", "second"})
 #: Kinds after which the replica runs on another node (the faulted one is healed afterwards).
-REQUEUES = frozenset({"xid79", "down", "second"})
+REQUEUES = frozenset({"xid79", "ecc", "slow", "down", "second"})
 #: Of those, the ones whose requeue the coordinator always makes (for a power loss Slurm may
 #: have put the job back in the queue itself before the coordinator's call, found moot then).
-COORDINATOR_REQUEUES = frozenset({"xid79", "second"})
+COORDINATOR_REQUEUES = frozenset({"xid79", "ecc", "slow", "second"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ def plan(
     than that (the run's `max_restarts_per_replica`: one failure more and the policy leaves the
     replica out, which the policy's own tests check, not the campaign). Draws are the same as
     without a limit until a replica reaches it, so schedules within it do not change.
+    `CONTROL_DOWN` strikes no replica the schedule names (`ANY_REPLICA`): see its comment.
     """
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
@@ -86,6 +97,15 @@ def plan(
     out = []
     for i, kind in enumerate(order):
         after = rng.randint(*delay_steps)
+        if kind == CONTROL_DOWN:
+            # Which replica shares the control job's node is Slurm's choice at the time: it may
+            # be any movable one, so the fault counts against each of them.
+            if not all(can_fail(k) for k in movable):
+                raise ValueError(f"fault {i} ({kind}): a replica it may strike failed {strikes}x")
+            for k in movable:
+                failed[k] += 1
+            out.append(Fault(i, kind, after, ANY_REPLICA))
+            continue
         pool = movable if kind in REQUEUES else list(range(replicas))
         if kind in FAILS:
             pool = [k for k in pool if can_fail(k)]
@@ -101,6 +121,24 @@ def plan(
                 failed[k] += 1
         out.append(Fault(i, kind, after, replica, other))
     return out
+
+
+def with_protected(faults: Sequence[Fault], protected: int, replicas: int) -> list[Fault]:
+    """A schedule drawn with replica 0 protected, moved onto the run whose protected replica is
+    `protected` (the one not beside the control job when the run starts, chosen then): 0 and
+    `protected` trade places, every other replica keeps its number. With `protected` 0 it is
+    the schedule itself."""
+    if not 0 <= protected < replicas:
+        raise ValueError(f"protected replica {protected} is not one of {replicas}")
+    swap = {0: protected, protected: 0}
+
+    def moved(k: int) -> int:
+        return k if k == ANY_REPLICA else swap.get(k, k)
+
+    return [
+        replace(f, replica=moved(f.replica), other=None if f.other is None else moved(f.other))
+        for f in faults
+    ]
 
 
 @dataclass
@@ -149,15 +187,28 @@ def committed(reps: Mapping[int, Mapping[str, Any]]) -> int:
     return max((r.get("step") or 0) for r in reps.values())
 
 
+def lowest_after(trace: Trace, start: float, before: int) -> int:
+    """The lowest run step the status polls saw from `start` on (`before` if none saw one). A
+    poll in which no replica has a step says nothing about it: while the control plane is away
+    `status` has Slurm's view alone, with no steps, and the steps were not lost."""
+    seen = [
+        committed(reps)
+        for t, reps in trace
+        if t >= start and any(r.get("step") is not None for r in reps.values())
+    ]
+    return min(seen, default=before)
+
+
 def unattributed_requeues(
     requeued_jobs: Sequence[str], faults: Sequence[Fault], jobs: Mapping[int, str]
 ) -> list[str]:
     """Problems with the journal's requeues: every one is of a job that a fault which
-    requeues struck (at most one per such fault), and an Xid's requeue is always there."""
+    requeues struck (at most one per such fault), and a drain's requeue is always there.
+    `faults` are the ones that struck: a `CONTROL_DOWN` names the replica it took with it."""
     least: dict[str, int] = {}
     most: dict[str, int] = {}
     for f in faults:
-        if f.kind in REQUEUES:
+        if f.kind in REQUEUES or (f.kind == CONTROL_DOWN and f.replica != ANY_REPLICA):
             job = jobs[f.replica]
             most[job] = most.get(job, 0) + 1
             least[job] = least.get(job, 0) + (f.kind in COORDINATOR_REQUEUES)

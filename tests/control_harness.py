@@ -562,10 +562,11 @@ def submit_until_training(
     run_dir: Path,
     trace: list[tuple[float, dict[int, dict[str, Any]]]],
     min_step: int = 20,
+    sets: Sequence[str] = (),
 ) -> dict[int, dict[str, Any]]:
-    """`fthsdp submit` the spec, then wait (up to 120 s) until every replica trains at
-    `min_step` or later; returns that status."""
-    fthsdp(env, "submit", str(spec))
+    """`fthsdp submit` the spec (with `--set` for each of `sets`), then wait (up to 120 s)
+    until every replica trains at `min_step` or later; returns that status."""
+    fthsdp(env, "submit", str(spec), *[a for s in sets for a in ("--set", s)])
     return wait_until(
         env,
         run_dir,

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import pytest
 from chaos_harness import (
+    ANY_REPLICA,
+    CONTROL_DOWN,
     FAILS,
     KINDS,
     REQUEUES,
     Fault,
     Outcome,
     figures,
+    lowest_after,
     plan,
     stall_s,
     unattributed_requeues,
+    with_protected,
 )
 
 
@@ -25,12 +29,16 @@ def test_a_schedule_is_its_seed_alone() -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_every_kind_comes_and_the_protected_replica_never_moves(seed: int) -> None:
-    faults = plan(seed, 8, list(KINDS), 3, protected=0, delay_steps=(5, 9))
+    n = len(KINDS) + 1
+    faults = plan(seed, n, list(KINDS), 3, protected=0, delay_steps=(5, 9), strikes=6)
     assert {f.kind for f in faults} == set(KINDS)
-    assert [f.index for f in faults] == list(range(8))
+    assert [f.index for f in faults] == list(range(n))
     for f in faults:
         assert 5 <= f.after_steps <= 9
-        assert 0 <= f.replica < 3
+        if f.kind == CONTROL_DOWN:  # whichever replica shares the control job's node then
+            assert f.replica == ANY_REPLICA
+        else:
+            assert 0 <= f.replica < 3
         if f.kind in REQUEUES:
             assert f.replica != 0, f
         if f.kind == "second":
@@ -39,11 +47,14 @@ def test_every_kind_comes_and_the_protected_replica_never_moves(seed: int) -> No
             assert f.other is None
 
 
-def _failures(faults: list[Fault]) -> dict[int, int]:
+def _failures(faults: list[Fault], movable: tuple[int, ...] = (1, 2)) -> dict[int, int]:
+    """Failures per replica, a power loss of the control job's node counted against every
+    replica it may take with it."""
     counts: dict[int, int] = {}
     for f in faults:
-        for k in (f.replica, f.other):
-            if k is not None and f.kind in FAILS:
+        struck = movable if f.kind == CONTROL_DOWN else (f.replica, f.other)
+        for k in struck:
+            if k is not None and (f.kind in FAILS or f.kind == CONTROL_DOWN):
                 counts[k] = counts.get(k, 0) + 1
     return counts
 
@@ -58,6 +69,42 @@ def test_no_replica_fails_more_often_than_the_run_allows(seed: int, strikes: int
         assert strikes < 3 and f"failed {strikes}x" in str(exc), exc
         return
     assert max(_failures(faults).values()) <= strikes, faults
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_kind_fits_the_campaigns_strikes(seed: int) -> None:
+    """The campaign's full set, one fault of each kind, within the 5 failures per replica its
+    run allows (`tests/test_story_chaos.py`)."""
+    faults = plan(seed, len(KINDS), list(KINDS), 3, protected=0, strikes=5)
+    assert {f.kind for f in faults} == set(KINDS)
+    assert max(_failures(faults).values()) <= 5, faults
+
+
+def test_a_power_loss_of_the_control_node_is_refused_past_the_strikes() -> None:
+    with pytest.raises(ValueError, match=r"fault 1 \(control-down\): a replica it may strike"):
+        plan(1, 2, [CONTROL_DOWN], 3, protected=0, strikes=1)
+
+
+@pytest.mark.parametrize(
+    ("protected", "expected"),
+    [
+        (0, [(1, None), (2, 0), (ANY_REPLICA, None)]),
+        (1, [(0, None), (2, 1), (ANY_REPLICA, None)]),
+        (2, [(1, None), (0, 2), (ANY_REPLICA, None)]),
+    ],
+)  # fmt: skip
+def test_the_protected_replica_is_the_one_chosen_when_the_run_starts(
+    protected: int, expected: list[tuple[int, int | None]]
+) -> None:
+    drawn = [Fault(0, "xid79", 10, 1), Fault(1, "second", 10, 2, 0),
+             Fault(2, CONTROL_DOWN, 10, ANY_REPLICA)]  # fmt: skip
+    moved = with_protected(drawn, protected, 3)
+    assert [(f.replica, f.other) for f in moved] == expected
+    assert [(f.index, f.kind, f.after_steps) for f in moved] == [
+        (f.index, f.kind, f.after_steps) for f in drawn
+    ]
+    with pytest.raises(ValueError, match="protected replica 3"):
+        with_protected(drawn, 3, 3)
 
 
 def test_a_limit_that_is_never_reached_changes_no_draw() -> None:
@@ -112,6 +159,26 @@ def test_the_stall_is_the_longest_time_without_a_new_step(
     assert stall_s(_trace(points), start, end, healthy) == expected
 
 
+@pytest.mark.parametrize(
+    ("points", "expected"),
+    [
+        # Polls before the fault do not count; the lowest after it does.
+        ([(-1, 3, 3), (1, 9, 8), (2, 7, 7), (3, 12, 12)], 7),
+        # The control plane away: status has no steps, which is no loss.
+        ([(1, None, None), (2, None, None), (3, 12, 11)], 12),
+        # Nothing seen after the fault: the step before it.
+        ([(-1, 3, 3)], 10),
+        # One replica's step unknown (requeued), the other's counts.
+        ([(1, None, 8)], 8),
+    ],
+)  # fmt: skip
+def test_the_lowest_step_after_a_fault_counts_only_polls_that_saw_one(
+    points: list[tuple[float, int | None, int | None]], expected: int
+) -> None:
+    trace = [(t, {0: {"step": a}, 1: {"step": b}}) for t, a, b in points]
+    assert lowest_after(trace, 0.0, 10) == expected
+
+
 JOBS = {0: "10", 1: "11", 2: "12"}
 SAID = "requeue(s) in the journal, faults that requeue it:"
 
@@ -129,6 +196,14 @@ SAID = "requeue(s) in the journal, faults that requeue it:"
         ([], [Fault(0, "xid79", 10, 1)], [f"job 11: 0 {SAID} 1-1"]),
         (["10"], [Fault(0, "kill", 10, 0)], [f"job 10: 1 {SAID} 0-0"]),
         (["11", "11"], [Fault(0, "xid79", 10, 1)], [f"job 11: 2 {SAID} 1-1"]),
+        # ECC errors and a straggler are drained and requeued by the coordinator.
+        (["11", "12"], [Fault(0, "ecc", 10, 1), Fault(1, "slow", 10, 2)], []),
+        ([], [Fault(0, "slow", 10, 2)], [f"job 12: 0 {SAID} 1-1"]),
+        # The control node's power loss: the replica beside it is Slurm's to requeue, and a
+        # control job alone on its node takes no replica with it.
+        ([], [Fault(0, CONTROL_DOWN, 10, 1)], []),
+        (["11"], [Fault(0, CONTROL_DOWN, 10, 1)], []),
+        (["11"], [Fault(0, CONTROL_DOWN, 10, ANY_REPLICA)], [f"job 11: 1 {SAID} 0-0"]),
     ],
 )  # fmt: skip
 def test_every_requeue_is_attributed_to_its_fault(

@@ -3,14 +3,18 @@ invariants a run must keep through all of them.
 
 The run of `test_story_control_e2e.py` (3 one-node replicas of `examples/train_tiny.py` + the
 control job, health gated, submitted by the job user through the site install). Before the first
-fault an administrator drains replica 0's node (`admin: chaos maintenance`; the job on it keeps
-running, and the schedule never moves that replica). The schedule (`tests/chaos_harness.py`) is
-drawn from `FTHSDP_CHAOS_SEED` (default 1): `FTHSDP_CHAOS_FAULTS` faults (default 3) of the
-kinds in `FTHSDP_CHAOS_KINDS` (comma separated; default the short set `xid79,kill,control`;
-`benchmarks/chaos.py` runs every kind over 5 seeds), striking no replica more often than the
-run's `max_restarts_per_replica` (a replica that fails more is left out by design). Each fault
-strikes a few steps after the run was last whole and is then waited out; a node it broke is
-healed afterwards, as an operator would, so the next fault has a node to go to.
+fault an administrator drains the node of one replica (`admin: chaos maintenance`; the job on it
+keeps running, and the schedule never moves that replica): the first replica whose node the
+control job does not share, so that a power loss of the control job's node never takes it. The
+schedule (`tests/chaos_harness.py`) is drawn from `FTHSDP_CHAOS_SEED` (default 1), with replica
+0 as the protected one, and then renumbered onto the run (`with_protected`):
+`FTHSDP_CHAOS_FAULTS` faults (default 3) of the kinds in `FTHSDP_CHAOS_KINDS` (comma separated;
+default the short set `xid79,kill,control`; `benchmarks/chaos.py` runs every kind over 5 seeds),
+striking no replica more often than the run's `max_restarts_per_replica` (5 here; a replica that
+fails more is left out by design). With a `slow` fault in the schedule the run evicts stragglers
+(`straggler_mode = "drain"`, the straggler story's factor and window). Each fault strikes a few
+steps after the run was last whole and is then waited out; a node it broke is healed
+afterwards, as an operator would, so the next fault has a node to go to.
 
 After the run finished, whatever the schedule was:
 
@@ -37,20 +41,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import hostlist
 import pytest
 from chaos_harness import (
+    ANY_REPLICA,
+    CONTROL_DOWN,
     REQUEUES,
     SHORT_KINDS,
     Fault,
     Outcome,
     committed,
     figures,
+    lowest_after,
     plan,
     stall_s,
     unattributed_requeues,
+    with_protected,
 )
 from control_harness import (
     ROOT,
@@ -70,16 +80,23 @@ from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.devcluster import DevClusterConfig
 from slurm.devcluster import controller as ctld
 from slurm.spec import load_spec
-from slurm.spec.model import TrainSection
 
 SEED = int(os.environ.get("FTHSDP_CHAOS_SEED", "1"))
 FAULTS = int(os.environ.get("FTHSDP_CHAOS_FAULTS", "3"))
 CHOSEN = tuple(k for k in os.environ.get("FTHSDP_CHAOS_KINDS", ",".join(SHORT_KINDS)).split(","))
 #: Enough steps that the run outlasts every fault and its recovery on a loaded machine.
 STEPS = 200 + 220 * FAULTS
-#: Failures a replica of the run may have (its spec keeps `max_restarts_per_replica` at the
-#: default); one more and the policy leaves it out, so the schedule stays within it.
-STRIKES = TrainSection.max_restarts_per_replica
+#: Failures a replica of the run may have (`train.max_restarts_per_replica`, set in the run's
+#: spec above the default so that every kind fits in one run); one more and the policy leaves it
+#: out, which the policy's own tests check, so the schedule stays within it.
+STRIKES = 5
+#: The straggler settings of a run with `slow` faults (as in `test_story_straggler_devcluster.py`:
+#: a factor above the shared cores' noise), and the steady training a replica's own pace needs
+#: before a slowdown is measured against it.
+STRAGGLER = ("train.straggler_factor=3", "train.straggler_window_steps=20",
+             "train.straggler_requeue_cost_s=30")  # fmt: skip
+SLOW = 5
+SETTLE_S = 25.0
 #: How long slurmctld stays away: past the coordinator's report timeout.
 OUTAGE_S = 45.0
 ADMIN_REASON = "admin: chaos maintenance"
@@ -97,6 +114,7 @@ def test_a_seeded_chaos_campaign_keeps_every_invariant(
 ) -> None:
     schedule = plan(SEED, FAULTS, CHOSEN, 3, protected=0, strikes=STRIKES)
     print(f"chaos seed {SEED}: " + "; ".join(f"{f.kind}@{f.replica}" for f in schedule))
+    print("(replica 0 there is the protected one: the first not beside the control job)")
     with health_gated(slurm_cluster) as gated:
         Campaign(gated, site_user, schedule).run()
 
@@ -114,7 +132,10 @@ class Campaign:
         self.cfg = gated
         self.env = user.with_env(TINY_STEP_SLEEP_S="0.1")
         self.schedule = schedule
-        self.spec, self.run_dir = write_spec(self.env, STEPS, name="chaos")
+        self.slow = any(f.kind == "slow" for f in schedule)
+        self.spec, self.run_dir = write_spec(
+            self.env, STEPS, name="chaos", straggler_mode="drain" if self.slow else "report"
+        )
         self.root_env = dict(os.environ)  # the operator's side: faults, heals, the admin drain
         self.backend = CommandBackend()
         self.trace: Trace = []
@@ -127,9 +148,20 @@ class Campaign:
 
     def run(self) -> None:
         try:
-            before = submit_until_training(self.env, self.spec, self.run_dir, self.trace)
+            sets = [f"train.max_restarts_per_replica={STRIKES}", *(STRAGGLER if self.slow else ())]
+            before = submit_until_training(self.env, self.spec, self.run_dir, self.trace, sets=sets)
             self.jobs = {k: r["job_id"] for k, r in before.items()}
-            self.admin_node = before[0]["nodes"][0]
+            # The administrator's drain goes on a replica's node that the control job does not
+            # share: a drained node takes no new job, so the control job is never there, and
+            # a power loss of its node never takes the protected replica.
+            control_node = self._control_node()
+            protected = min(k for k, r in before.items() if control_node not in r["nodes"])
+            self.schedule = with_protected(self.schedule, protected, len(before))
+            print(
+                f"protected replica {protected} (control job on {control_node}): "
+                + "; ".join(f"{f.kind}@{f.replica}" for f in self.schedule)
+            )
+            self.admin_node = before[protected]["nodes"][0]
             r = _scontrol(
                 "update", f"NodeName={self.admin_node}", "State=DRAIN", f"Reason={ADMIN_REASON}"
             )
@@ -180,13 +212,15 @@ class Campaign:
     def _strike(self, fault: Fault) -> None:
         base = committed(self.trace[-1][1]) if self.trace else 0
         reps = self._whole(base + fault.after_steps)
+        if fault.kind == "slow":
+            reps = self._steady(SETTLE_S)
         assert committed(reps) < STEPS - 60, f"the run is too near its end for {fault}"
         outcome = Outcome(fault, time.time(), step_before=committed(reps))
-        node = reps[fault.replica]["nodes"][0]
         inject = ["cluster", "inject", "--dir", str(self.cfg.directory)]
-        healthy = [k for k in reps if k != fault.replica]
-        if fault.kind in ("xid79", "down", "second"):
-            kind = "down" if fault.kind == "down" else "xid79"
+        if fault.kind in ("xid79", "ecc", "slow", "down", "second"):
+            node = reps[fault.replica]["nodes"][0]
+            healthy = [k for k in reps if k != fault.replica]
+            kind = {"second": "xid79", "slow": f"slow={SLOW}"}.get(fault.kind, fault.kind)
             fthsdp(self.root_env, *inject, node, "--fault", kind)
             self.broken.add(node)
             if fault.kind == "second":
@@ -202,8 +236,11 @@ class Campaign:
             self._recovered(reps, outcome, healthy)
             self._heal(node, wait=True)
         elif fault.kind == "kill":
+            node = reps[fault.replica]["nodes"][0]
             fthsdp(self.root_env, *inject, node, "--fault", "kill")
-            self._recovered(reps, outcome, healthy)
+            self._recovered(reps, outcome, [k for k in reps if k != fault.replica])
+        elif fault.kind == CONTROL_DOWN:
+            self._control_node_down(reps, outcome, inject)
         elif fault.kind == "control":
             self._control_requeue(reps, outcome)
         elif fault.kind == "coordinator":
@@ -213,7 +250,7 @@ class Campaign:
         else:
             raise AssertionError(f"no driver for chaos kind {fault.kind}")
         self.outcomes.append(outcome)
-        print(f"chaos {fault.kind}@{fault.replica}: {json.dumps(outcome.to_dict())}")
+        print(f"chaos {fault.kind}@{outcome.fault.replica}: {json.dumps(outcome.to_dict())}")
 
     def _recovered(self, before: Reps, outcome: Outcome, healthy: list[int]) -> None:
         """Wait until every struck replica restarted (a requeue or a relaunch) and caught up."""
@@ -246,8 +283,63 @@ class Campaign:
         now = time.time()
         outcome.recovered_s = round(now - outcome.injected_at, 2)
         outcome.stall_s = round(stall_s(self.trace, outcome.injected_at, now, healthy), 2)
-        during = [reps for t, reps in self.trace if t >= outcome.injected_at]
-        outcome.step_low_after = min(committed(r) for r in during) if during else 0
+        outcome.step_low_after = lowest_after(self.trace, outcome.injected_at, outcome.step_before)
+
+    def _steady(self, seconds: float) -> Reps:
+        """Every replica training for `seconds` more: a replica's own pace is learned from its
+        last reports, and a slowdown is measured against it."""
+        until = time.monotonic() + seconds
+        return self._until(
+            lambda r: (
+                time.monotonic() >= until and all(x["state"] == "training" for x in r.values())
+            ),
+            seconds + 120,
+            f"{seconds:g} s of steady training",
+        )
+
+    def _control_node(self) -> str:
+        (job,) = self.backend.jobs([str(control_info(self.run_dir)["job_id"])])
+        (node,) = hostlist.expand_hostlist(job.nodes)
+        return str(node)
+
+    def _control_node_down(self, before: Reps, outcome: Outcome, inject: list[str]) -> None:
+        """Power off the control job's node: the control plane comes back elsewhere (the
+        survivors' supervisors release its requeue), a replica beside it is requeued by Slurm
+        and catches up, and the others ride on in their jobs."""
+        pid = control_info(self.run_dir).get("pid")
+        node = self._control_node()
+        assert node != self.admin_node, (node, self.admin_node)
+        struck = [k for k, r in before.items() if node in r["nodes"]]
+        healthy = [k for k in before if k not in struck]
+        outcome.fault = replace(outcome.fault, replica=struck[0] if struck else ANY_REPLICA)
+        fthsdp(self.root_env, *inject, node, "--fault", "down")
+        self.broken.add(node)
+        deadline = time.monotonic() + 300
+        while control_info(self.run_dir).get("pid") in (None, pid):
+            assert time.monotonic() < deadline, "the control plane did not come back"
+            self._until(lambda r: True, 60, "status while the control plane is away")
+            time.sleep(1)
+
+        def back(r: Reps) -> bool:
+            top = max((r[k]["step"] or 0) for k in healthy)
+            return all(
+                r[k]["state"] == "training" and (r[k]["step"] or 0) >= (before[k]["step"] or 0) + 20
+                for k in healthy
+            ) and all(
+                (r[k]["restarts"] or 0) > (before[k]["restarts"] or 0)
+                and r[k]["state"] == "training"
+                and (r[k]["step"] or 0) >= top - 3
+                for k in struck
+            )
+
+        after = self._until(back, 300, f"the run whole again after {node} lost power")
+        self._close(outcome, healthy)
+        for k in healthy:
+            assert after[k]["job_id"] == before[k]["job_id"], (CONTROL_DOWN, after[k])
+            assert after[k]["restarts"] == before[k]["restarts"], (CONTROL_DOWN, after[k])
+        for k in struck:
+            assert after[k]["nodes"][0] != node, (CONTROL_DOWN, after[k])
+        self._heal(node, wait=True)
 
     def _control_job(self) -> str:
         status = json.loads(fthsdp(self.env, "status", str(self.run_dir), "--json"))
@@ -347,7 +439,8 @@ class Campaign:
             f"{ledger.rolled_back} committed steps were rolled back"
         )
         requeued = [job for job, _ in requeues_in_journal(self.run_dir, self.env)]
-        problems = unattributed_requeues(requeued, self.schedule, self.jobs)
+        struck = [o.fault for o in self.outcomes]
+        problems = unattributed_requeues(requeued, struck, self.jobs)
         assert not problems, problems
         assert self.admin_node is not None
         (info,) = self.backend.nodes([self.admin_node])
