@@ -64,7 +64,10 @@ def test_merge_status_prefers_the_coordinator_and_lists_our_drains() -> None:
     assert (first["state"], first["restarts"]) == ("starting", 1)
     base["jobs"][1]["restarts"] = 0
     without = merge_status(base, None, [])
-    assert [r["state"] for r in without["replicas"]] == ["starting", "pending"]
+    # No coordinator (its job requeued, its node down): Slurm's word for a running job, never
+    # "starting" for one that may have trained for hours.
+    assert [r["state"] for r in without["replicas"]] == ["running", "pending"]
+    assert [r["step"] for r in without["replicas"]] == [None, None]
     assert without["coordinator"] is None
 
 

@@ -35,8 +35,10 @@ from slurm.errors import InputError
 from slurm.hostlist import job_nodes
 from slurm.rundir import read_control, read_secret
 
-#: squeue state -> the status table's state when the coordinator has nothing to say.
-_SLURM_STATE = {"PENDING": "pending", "RUNNING": "starting", "REQUEUED": "requeued"}
+#: squeue state -> the status table's state when the coordinator has nothing to say of the
+#: job: "running" is Slurm's word alone (what its ranks do, training or waiting for the control
+#: plane, only the coordinator knows).
+_SLURM_STATE = {"PENDING": "pending", "RUNNING": "running", "REQUEUED": "requeued"}
 
 
 def coordinator_url(run_dir: Path) -> str | None:
@@ -95,11 +97,12 @@ def merge_status(
             and isinstance(row.get("restarts"), int)
             and (row["restarts"] > (c["restarts"] or 0))
         )
-        state = (
-            c["phase"]
-            if c and not behind
-            else _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
-        )
+        if c and not behind:
+            state = c["phase"]
+        elif behind and slurm_state == "RUNNING":
+            state = "starting"  # a new incarnation the coordinator has not seen yet
+        else:
+            state = _SLURM_STATE.get(slurm_state, slurm_state.lower() or "-")
         if slurm_state in ("PENDING", "REQUEUED") and state in ("starting", "restarting"):
             state = "pending"
         nodes_field = [n for n in row.get("nodes", []) if n] or (c["nodes"] if c else [])
