@@ -110,10 +110,16 @@ def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]
 
 
 #: Multi-process tests that need no Slurm, run after the releases in their lane rather than in
-#: the host's: the host lane was about 10 minutes the longer of the two. With all three of the
-#: first move there the releases' lane became the longer by 3-5 minutes, so the short quality
-#: run and the report in Chromium went back (docs/benchmarks.md).
-BESIDE_THE_RELEASES = ("tests/test_story_ft_protocol.py",)
+#: the host's, which is the longer of the two without them (docs/benchmarks.md).
+BESIDE_THE_RELEASES = (
+    "tests/test_story_ft_protocol.py",
+    "tests/test_quality_short.py",
+    "tests/test_report_browser.py",
+    "tests/test_story_straggler_local.py",
+    "tests/test_story_foreign_local.py",
+    "tests/test_story_local_signals.py",
+    "tests/test_control_journal.py",
+)
 
 
 def lanes(python: str, matrix: list[Part], log_dir: Path, serial: bool) -> list[list[Part]]:

@@ -107,6 +107,7 @@ Reps = dict[int, dict[str, Any]]
 
 
 @pytest.mark.slurm
+@pytest.mark.one_release
 @pytest.mark.slow
 @pytest.mark.timeout(600 + 240 * FAULTS)
 def test_a_seeded_chaos_campaign_keeps_every_invariant(
