@@ -75,8 +75,8 @@ check: lint typecheck
 # release after the other, but for the long `one_release` stories (the loaded demo, the README
 # walk-through, the straggler eviction, slurmctld away, the chaos short set, the power losses):
 # their Slurm calls (submit, requeue, drain request, status) are the ones the other slurm tests
-# make on every release. Both sides mostly wait
-# on dev clusters, so beside each other they take about as long as the longer one.
+# make on every release. Both sides mostly wait on dev clusters, so beside each other they take
+# about as long as the longer one.
 # SERIAL=1 runs them one after the other.
 SERIAL ?=
 test: install slurm-deps browser-deps lint typecheck chroots site-cache

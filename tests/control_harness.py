@@ -424,6 +424,16 @@ def clean_up(env: Cli, run_dir: Path, cfg: DevClusterConfig, node: str | None) -
         pass
 
 
+def control_node(run_dir: Path) -> str:
+    """The node the run's control job runs on, as Slurm says (`control.json` names the job)."""
+    from slurm.backend import CommandBackend
+    from slurm.hostlist import expand
+
+    (job,) = CommandBackend().jobs([str(control_info(run_dir)["job_id"])])
+    (node,) = expand(job.nodes)
+    return node
+
+
 def heal_node(cfg: DevClusterConfig, node: str) -> None:
     """Boot a powered-off node (`inject --fault down`), as an operator would once the power is
     back, as root."""

@@ -45,7 +45,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import hostlist
 import pytest
 from chaos_harness import (
     ANY_REPLICA,
@@ -66,6 +65,7 @@ from control_harness import (
     ROOT,
     clean_up,
     control_info,
+    control_node,
     fthsdp,
     health_gated,
     requeues_in_journal,
@@ -120,6 +120,13 @@ def test_a_seeded_chaos_campaign_keeps_every_invariant(
         Campaign(gated, site_user, schedule).run()
 
 
+def _rode_on(before: Reps, after: Reps, healthy: list[int], what: object) -> None:
+    """The healthy replicas rode the fault out: the same job, never restarted by Slurm."""
+    for k in healthy:
+        assert after[k]["job_id"] == before[k]["job_id"], (what, after[k])
+        assert after[k]["restarts"] == before[k]["restarts"], (what, after[k])
+
+
 def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["scontrol", *args], capture_output=True, text=True, timeout=30, check=False
@@ -155,11 +162,11 @@ class Campaign:
             # The administrator's drain goes on a replica's node that the control job does not
             # share: a drained node takes no new job, so the control job is never there, and
             # a power loss of its node never takes the protected replica.
-            control_node = self._control_node()
-            protected = min(k for k, r in before.items() if control_node not in r["nodes"])
+            beside = control_node(self.run_dir)
+            protected = min(k for k, r in before.items() if beside not in r["nodes"])
             self.schedule = with_protected(self.schedule, protected, len(before))
             print(
-                f"protected replica {protected} (control job on {control_node}): "
+                f"protected replica {protected} (control job on {beside}): "
                 + "; ".join(f"{f.kind}@{f.replica}" for f in self.schedule)
             )
             self.admin_node = before[protected]["nodes"][0]
@@ -218,7 +225,7 @@ class Campaign:
         assert committed(reps) < STEPS - 60, f"the run is too near its end for {fault}"
         outcome = Outcome(fault, time.time(), step_before=committed(reps))
         inject = ["cluster", "inject", "--dir", str(self.cfg.directory)]
-        if fault.kind in ("xid79", "ecc", "slow", "down", "second"):
+        if fault.kind in REQUEUES:
             node = reps[fault.replica]["nodes"][0]
             healthy = [k for k in reps if k != fault.replica]
             kind = {"second": "xid79", "slow": f"slow={SLOW}"}.get(fault.kind, fault.kind)
@@ -273,9 +280,7 @@ class Campaign:
 
         after = self._until(back, 300, f"replica(s) {struck} back after {fault.kind}")
         self._close(outcome, healthy)
-        for k in healthy:
-            assert after[k]["job_id"] == before[k]["job_id"], (fault, after[k])
-            assert after[k]["restarts"] == before[k]["restarts"], (fault, after[k])
+        _rode_on(before, after, healthy, fault)
         if fault.kind in REQUEUES:
             assert after[fault.replica]["restarts"] == before[fault.replica]["restarts"] + 1
             assert after[fault.replica]["nodes"][0] != before[fault.replica]["nodes"][0]
@@ -298,17 +303,12 @@ class Campaign:
             f"{seconds:g} s of steady training",
         )
 
-    def _control_node(self) -> str:
-        (job,) = self.backend.jobs([str(control_info(self.run_dir)["job_id"])])
-        (node,) = hostlist.expand_hostlist(job.nodes)
-        return str(node)
-
     def _control_node_down(self, before: Reps, outcome: Outcome, inject: list[str]) -> None:
         """Power off the control job's node: the control plane comes back elsewhere (the
         survivors' supervisors release its requeue), a replica beside it is requeued by Slurm
         and catches up, and the others ride on in their jobs."""
         pid = control_info(self.run_dir).get("pid")
-        node = self._control_node()
+        node = control_node(self.run_dir)
         assert node != self.admin_node, (node, self.admin_node)
         struck = [k for k, r in before.items() if node in r["nodes"]]
         healthy = [k for k in before if k not in struck]
@@ -335,9 +335,7 @@ class Campaign:
 
         after = self._until(back, 300, f"the run whole again after {node} lost power")
         self._close(outcome, healthy)
-        for k in healthy:
-            assert after[k]["job_id"] == before[k]["job_id"], (CONTROL_DOWN, after[k])
-            assert after[k]["restarts"] == before[k]["restarts"], (CONTROL_DOWN, after[k])
+        _rode_on(before, after, healthy, CONTROL_DOWN)
         for k in struck:
             assert after[k]["nodes"][0] != node, (CONTROL_DOWN, after[k])
         self._heal(node, wait=True)
@@ -389,9 +387,7 @@ class Campaign:
             f"every replica training after {what}",
         )
         self._close(outcome, list(before))
-        for k, x in after.items():
-            assert x["job_id"] == before[k]["job_id"], (what, x)
-            assert x["restarts"] == before[k]["restarts"], (what, x)
+        _rode_on(before, after, list(after), what)
 
     def _heal(self, node: str, wait: bool) -> None:
         """Heal `node` (boot it after a power loss) and give it back to Slurm, as an operator."""

@@ -32,11 +32,11 @@ import os
 import time
 from typing import Any
 
-import hostlist
 import pytest
 from control_harness import (
     clean_up,
     control_info,
+    control_node,
     fthsdp,
     heal_node,
     health_gated,
@@ -49,7 +49,6 @@ from control_harness import (
 from user_harness import SiteUser
 
 from runtime.verdict import check_ledger, final_weights_agree
-from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
 STEPS = 500
@@ -81,7 +80,6 @@ def test_replicas_elsewhere_never_restart_when_the_control_node_loses_power(
 def _control_node_down(gated: DevClusterConfig, user: SiteUser) -> None:
     env = user.with_env(TINY_STEP_SLEEP_S="0.1")
     spec, run_dir = write_spec(env, STEPS, name="ctldown")
-    backend = CommandBackend()
     root_env = dict(os.environ)
     trace: Trace = []
     node: str | None = None
@@ -89,8 +87,7 @@ def _control_node_down(gated: DevClusterConfig, user: SiteUser) -> None:
         before = submit_until_training(env, spec, run_dir, trace)
         jobs = {k: r["job_id"] for k, r in before.items()}
         first = control_info(run_dir)
-        (ctl,) = backend.jobs([str(first["job_id"])])
-        (node,) = hostlist.expand_hostlist(ctl.nodes)
+        node = control_node(run_dir)
         struck = [k for k, r in before.items() if node in r["nodes"]]
         healthy = [k for k in before if k not in struck]
         assert healthy, f"every replica shares {node} with the control job: {before}"
