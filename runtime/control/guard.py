@@ -460,15 +460,25 @@ def trust(request: web.BaseRequest) -> None:
 
 
 class GuardedSite(web.BaseSite):
-    """`web.TCPSite` with every connection behind a `ConnectionGuard`."""
+    """`web.TCPSite` with every connection behind a `ConnectionGuard`.
+
+    With `serve=False` the port is bound but not listening, so a connection to it is refused
+    until `serve()`: the owner can publish the address first (the control plane's
+    `control.json`), and nobody reaches it before it is published."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        guard: ConnectionGuard,
+        serve: bool = True,
     ) -> None:
         super().__init__(runner, backlog=guard.config.backlog)
         self._host = host
         self._port = port
         self._guard = guard
+        self._serve = serve
 
     @property
     def name(self) -> str:
@@ -486,7 +496,13 @@ class GuardedSite(web.BaseSite):
             self._port,
             backlog=self._backlog,
             reuse_address=True,
+            start_serving=self._serve,
         )
+
+    async def serve(self) -> None:
+        """Listen and accept, after a start with `serve=False`."""
+        assert self._server is not None
+        await self._server.start_serving()
 
 
 async def _answer_then(

@@ -376,6 +376,11 @@ class RunningCoordinator:
     coordinator: Coordinator
     runner: web.AppRunner
     url: str
+    site: GuardedSite
+
+    async def serve(self) -> None:
+        """Start answering, after `start_coordinator(..., serve=False)`."""
+        await self.site.serve()
 
     async def close(self) -> None:
         await self.runner.cleanup()
@@ -383,9 +388,10 @@ class RunningCoordinator:
 
 
 async def start_coordinator(
-    config: CoordinatorConfig, backend: SlurmBackend | None = None
+    config: CoordinatorConfig, backend: SlurmBackend | None = None, serve: bool = True
 ) -> RunningCoordinator:
-    """Start the service on `config.host:config.port` (port 0 = a free one)."""
+    """Start the service on `config.host:config.port` (port 0 = a free one). With
+    `serve=False` its port is bound but refuses connections until `RunningCoordinator.serve`."""
     coord = Coordinator(config, backend)
     await coord.start()
     runner = web.AppRunner(
@@ -400,7 +406,7 @@ async def start_coordinator(
     await runner.setup()
     cap = raise_open_files(config.guard.max_connections)
     guard = ConnectionGuard(config.guard, coord.refusals, cap)
-    site = GuardedSite(runner, config.host, config.port, guard)
+    site = GuardedSite(runner, config.host, config.port, guard, serve=serve)
     try:
         await site.start()
     except BaseException:
@@ -409,4 +415,4 @@ async def start_coordinator(
         raise
     port = int(runner.addresses[0][1]) if runner.addresses else config.port
     host = config.host if ":" not in config.host else f"[{config.host}]"
-    return RunningCoordinator(coord, runner, f"http://{host}:{port}")
+    return RunningCoordinator(coord, runner, f"http://{host}:{port}", site)

@@ -453,7 +453,9 @@ async def serve(
             log.warning("coordinator port %d is taken; using a free one", coordinator.port)
             coordinator = replace(coordinator, port=0)
         try:
-            running = await start_coordinator(coordinator)
+            # Bound, not yet answering: a worker that finds this coordinator's address
+            # answering must find this incarnation in control.json as well.
+            running = await start_coordinator(coordinator, serve=False)
         except OSError as exc:
             raise EnvironmentProblem(
                 f"the coordinator cannot listen on {url(coordinator.host, coordinator.port)}: "
@@ -470,6 +472,7 @@ async def serve(
             "job_id": os.environ.get(contract.SLURM_JOB_ID),
         }
         write_control_file(coordinator.run_dir, info)
+        await running.serve()
         log.info("control plane up: %s", info)
         if finish_grace_s is not None:
             finisher = loop.create_task(watch_finish(running.coordinator, finish_grace_s, stop))

@@ -24,10 +24,11 @@ restart: exiting then would count as the replica's failure and restart it, which
 quorum once more for the peers.
 
 A control plane restarted in place by its keeper brings its Lighthouse and gate back at the old
-addresses before its coordinator listens and rewrites `control.json`. A quorum that fails while
-the coordinator named there does not answer is therefore waited on until `control.json` names
-the new incarnation (or the coordinator answers again, and nothing was restarted): the retry
-must use the new start time, since the quorum's store keys are namespaced by it.
+addresses before it rewrites `control.json`, and its coordinator answers only after that write
+(its port is bound, refusing connections, until then). A quorum that fails while the
+coordinator named there does not answer is therefore waited on until `control.json` names the
+new incarnation; a coordinator that answers while the file is unchanged was not restarted. The
+retry must use the new start time, since the quorum's store keys are namespaced by it.
 """
 
 from __future__ import annotations
