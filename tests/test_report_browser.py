@@ -12,26 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from browser_harness import chromium, colours, open_report
 
 ROOT = Path(__file__).resolve().parents[1]
-BROWSER_S = 90
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium")
-    if found is None:
-        msg = "chromium is not installed (make browser-deps installs Debian's, as root)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return found
 
 
 def _local_run_with_a_kill(run_dir: Path) -> dict[str, object]:
@@ -59,28 +48,10 @@ def _local_run_with_a_kill(run_dir: Path) -> dict[str, object]:
     return summary
 
 
-def _browser(
-    chromium: str, page: Path, profile: Path, *args: str
-) -> subprocess.CompletedProcess[str]:
-    argv = [chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run"]
-    argv += [f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args]
-    return subprocess.run(
-        [*argv, page.as_uri()], capture_output=True, text=True, timeout=BROWSER_S, check=False
-    )
-
-
-def _colours(png: Path) -> int:
-    from PIL import Image
-
-    with Image.open(png) as image:
-        found = image.convert("RGB").getcolors(maxcolors=1 << 16)
-    return len(found) if found is not None else 1 << 16
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_report_of_a_run_with_a_kill_in_headless_chromium(tmp_path: Path) -> None:
-    chromium = _chromium()
+    chromium()  # skipped (or failed under CI) before the run when there is none
     run_dir = tmp_path / "run"
     summary = _local_run_with_a_kill(run_dir)
     # Replica 1's kill; on a loaded machine its restart may crash once more (seen beside a
@@ -100,21 +71,6 @@ def test_report_of_a_run_with_a_kill_in_headless_chromium(tmp_path: Path) -> Non
     page = run_dir / "report.html"
     assert made.stdout.split() == [str(page), str(run_dir / "report.png")]
 
-    dom = _browser(chromium, page, tmp_path / "profile", "--dump-dom")
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
-    assert console == [], console
-    for replica in (0, 1):
-        assert f'class="lane" id="lane-{replica}" data-replica="{replica}"' in dom.stdout
-    assert '<g class="fault" data-replica="1">' in dom.stdout
-    assert 'class="segment training"' in dom.stdout
-    assert 'id="metric-loss"' in dom.stdout  # train_tiny records its loss
-    assert "UTC</span>" not in dom.stdout  # the page's script ran: times are the viewer's
-
-    shot = tmp_path / "shot.png"
-    taken = _browser(
-        chromium, page, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,1400"
-    )
-    assert taken.returncode == 0 and shot.is_file(), taken.stderr[-2000:]
-    assert _colours(shot) > 8, "the screenshot is blank"
-    assert _colours(run_dir / "report.png") > 8, "the PNG timeline is blank"
+    dom = open_report(page, tmp_path, replicas=(0, 1), faulted=(1,))
+    assert 'id="metric-loss"' in dom  # train_tiny records its loss
+    assert colours(run_dir / "report.png") > 8, "the PNG timeline is blank"

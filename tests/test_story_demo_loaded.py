@@ -6,7 +6,9 @@ cluster while two CPU burners (`while True: pass`), or as many of `make test`'s 
 on replica 1's node is handled by requeueing replica 1 exactly once; the shared-CPU noise around
 its replacement's start and catch-up does not evict a healthy replica as a straggler (eviction
 holds off while a replica recovers, and a straggler must be slow against its own pace too). Once
-every replica completed, the control job ends by itself (COMPLETED).
+every replica completed, the control job ends by itself (COMPLETED). The user's `fthsdp report`
+of the run, opened in headless chromium, draws the three lanes with the Xid and its requeue on
+replica 1's, and names the job and the node it left.
 
 The pure part of the demo's early stop (a control job that failed is one line naming its log)
 is checked without Slurm.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_harness import chromium, open_report
 from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
 from cpu_load import cpu_burners
 from user_harness import SiteUser
@@ -60,10 +63,11 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
 @pytest.mark.one_release
 @pytest.mark.timeout(1200)
 def test_demo_fault_story_on_a_loaded_machine(
-    slurm_cluster: DevClusterConfig, site_user: SiteUser
+    slurm_cluster: DevClusterConfig, site_user: SiteUser, tmp_path: Path
 ) -> None:
+    chromium()  # skipped (or failed under CI) before the run when there is none
     with health_gated(slurm_cluster) as gated, cpu_burners(2):
-        _story(gated, site_user)
+        _story(gated, site_user, tmp_path)
 
 
 def _evictions(env: SiteUser, run_dir: Path) -> int:
@@ -71,7 +75,7 @@ def _evictions(env: SiteUser, run_dir: Path) -> int:
     return sum(json.loads(line)["kind"] == "StragglerEviction" for line in events)
 
 
-def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
+def _story(gated: DevClusterConfig, site_user: SiteUser, work: Path) -> None:
     # The shipped spec as the job user submits it from the checkout (its `[train] command` is
     # relative to there), with the run in the user's own folder.
     env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
@@ -118,8 +122,28 @@ def _story(gated: DevClusterConfig, site_user: SiteUser) -> None:
                 break
             time.sleep(3)
         assert state == "COMPLETED", f"control job {control}: {state}"
+        _report_shows_the_fault(env, run_dir, work, jobs[1], victim)
     finally:
         clean_up(env, run_dir, gated, victim)
+
+
+def _report_shows_the_fault(
+    env: SiteUser, run_dir: Path, work: Path, job_id: str, victim: str
+) -> None:
+    """`fthsdp report` of the finished run, made by its user, read in headless chromium: three
+    lanes, the Xid on replica 1's lane with its requeue, and the lane names its job and the node
+    it left."""
+    made = env.fthsdp("report", str(run_dir))
+    assert made.returncode == 0, made.stderr[-2000:]
+    page = run_dir / "report.html"
+    assert made.stdout.split() == [str(page)]
+    dom = open_report(page, work, replicas=(0, 1, 2), faulted=(1,))
+    assert '<g class="action requeue" data-replica="1">' in dom
+    lane = dom.split('id="lane-1"', 1)[1].split("</title>", 1)[0]
+    assert job_id in lane and victim in lane, lane
+    faults = dom.split('id="faults"', 1)[1].split("</table>", 1)[0]
+    assert faults.count('class="fault-row" data-replica="1"') >= 1, faults
+    assert "xid" in faults.lower(), faults
 
 
 def test_demo_refuses_a_site_install_that_is_not_one(tmp_path: Path) -> None:
