@@ -18,6 +18,8 @@ from runtime.api import FTHSDP
 DIM = int(os.environ.get("TINY_DIM", "32"))
 HIDDEN = int(os.environ.get("TINY_HIDDEN", "64"))
 STEP_SLEEP_S = float(os.environ.get("TINY_STEP_SLEEP_S", "0"))
+# a stand-in for a real model's build and data loading, between the API's start and the first step
+START_SLEEP_S = float(os.environ.get("TINY_START_SLEEP_S", "0"))
 # gradient accumulation: the batch in this many backward passes (the same step's gradient)
 MICROBATCHES = int(os.environ.get("TINY_MICROBATCHES", "1"))
 #: Samples per rank per step.
@@ -68,6 +70,10 @@ def main() -> None:
     with ft.running():
         model = ft.shard(make_model())
         opt = ft.optimizer(make_optimizer(model.parameters()))
+        if START_SLEEP_S:
+            import time
+
+            time.sleep(START_SLEEP_S)
         for x, y in ft.data(make_dataset(), batch_size=BATCH_SIZE):
             opt.zero_grad()
             step_loss = 0.0

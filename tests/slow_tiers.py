@@ -113,6 +113,7 @@ def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]
 #: the host's, which is the longer of the two without them (docs/benchmarks.md).
 BESIDE_THE_RELEASES = (
     "tests/test_story_ft_protocol.py",
+    "tests/test_story_fresh_quorum.py",
     "tests/test_quality_short.py",
     "tests/test_report_browser.py",
     "tests/test_story_straggler_local.py",
