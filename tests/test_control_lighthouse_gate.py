@@ -37,6 +37,7 @@ from runtime.control.lighthouse_gate import (
     client_handshake,
     host_port,
 )
+from runtime.net import free_port
 from runtime.protocol import replica_key_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -428,7 +429,9 @@ def _trainer(group: int, lighthouse: str, steps: int) -> subprocess.Popen[str]:
         "REPLICA_GROUP_ID": str(group),
         "NUM_REPLICA_GROUPS": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        # Outside the ephemeral range: a port from there can be taken meanwhile as the source
+        # port of any loopback connection (other lanes of `make test` make many).
+        "MASTER_PORT": str(free_port()),
         "RANK": "0",
         "WORLD_SIZE": "1",
     }
@@ -437,12 +440,6 @@ def _trainer(group: int, lighthouse: str, steps: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stranger(host: str, port: int, request: bytes) -> bytes:
