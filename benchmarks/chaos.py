@@ -110,6 +110,14 @@ def main() -> int:
             "s",
             digits=1,
         )
+    beside = [o for o in outcomes if o.get("beside_control")]
+    if beside:
+        run.notes.append(
+            "- Faults whose node also held the control job (the control plane went down with "
+            "it): "
+            + ", ".join(f"{o['fault']['kind']} (stall {_s(o['stall_s'])})" for o in beside)
+            + "."
+        )
     ok = len(seeds) - len(failed)
     run.row("seeds whose every invariant held", [ok], f" of {len(seeds)}", str(len(seeds)), 0)
     for kind, text in KINDS.items():
@@ -120,6 +128,10 @@ def main() -> int:
     run.extra["seeds"] = results
     run.write()
     return 1 if failed else 0
+
+
+def _s(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1f} s"
 
 
 if __name__ == "__main__":

@@ -153,13 +153,26 @@ class Outcome:
     stall_s: float | None = None
     step_before: int = 0
     step_low_after: int = 0
+    #: The struck replica's node and the control job's, as Slurm said just before the fault
+    #: (None where there is no one replica's node, or Slurm could not say): a node fault
+    #: beside the control job takes the control plane down with it.
+    node: str | None = None
+    control_node: str | None = None
+
+    @property
+    def beside_control(self) -> bool:
+        return self.node is not None and self.node == self.control_node
 
     @property
     def steps_lost(self) -> int:
         return max(0, self.step_before - self.step_low_after)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "steps_lost": self.steps_lost}
+        return {
+            **asdict(self),
+            "steps_lost": self.steps_lost,
+            "beside_control": self.beside_control,
+        }
 
 
 Trace = Sequence[tuple[float, Mapping[int, Mapping[str, Any]]]]

@@ -224,3 +224,20 @@ def test_figures_per_kind() -> None:
         "kill": {"injected": 1, "survived": 0, "steps_lost": 0, "stall_s": None,
                  "recovered_s": None},
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("node", "control", "beside"),
+    [
+        ("node2", "node2", True),
+        ("node2", "node1", False),
+        ("node2", None, False),
+        (None, None, False),
+    ],
+)
+def test_a_fault_beside_the_control_job_is_one_on_its_node(
+    node: str | None, control: str | None, beside: bool
+) -> None:
+    outcome = Outcome(Fault(0, "down", 10, 1), 0.0, node=node, control_node=control)
+    assert outcome.beside_control is beside
+    assert outcome.to_dict()["beside_control"] is beside

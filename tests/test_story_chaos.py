@@ -227,6 +227,7 @@ class Campaign:
         inject = ["cluster", "inject", "--dir", str(self.cfg.directory)]
         if fault.kind in REQUEUES:
             node = reps[fault.replica]["nodes"][0]
+            self._where(outcome, node)
             healthy = [k for k in reps if k != fault.replica]
             kind = {"second": "xid79", "slow": f"slow={SLOW}"}.get(fault.kind, fault.kind)
             fthsdp(self.root_env, *inject, node, "--fault", kind)
@@ -245,6 +246,7 @@ class Campaign:
             self._heal(node, wait=True)
         elif fault.kind == "kill":
             node = reps[fault.replica]["nodes"][0]
+            self._where(outcome, node)
             fthsdp(self.root_env, *inject, node, "--fault", "kill")
             self._recovered(reps, outcome, [k for k in reps if k != fault.replica])
         elif fault.kind == CONTROL_DOWN:
@@ -259,6 +261,14 @@ class Campaign:
             raise AssertionError(f"no driver for chaos kind {fault.kind}")
         self.outcomes.append(outcome)
         print(f"chaos {fault.kind}@{outcome.fault.replica}: {json.dumps(outcome.to_dict())}")
+
+    def _where(self, outcome: Outcome, node: str) -> None:
+        """Record the struck node and the control job's, for the campaign's figures."""
+        outcome.node = node
+        try:
+            outcome.control_node = control_node(self.run_dir)
+        except (SlurmCommandError, ValueError):
+            outcome.control_node = None  # Slurm could not say: the figure says unknown
 
     def _recovered(self, before: Reps, outcome: Outcome, healthy: list[int]) -> None:
         """Wait until every struck replica restarted (a requeue or a relaunch) and caught up."""
