@@ -17,14 +17,22 @@ import pytest
 BROWSER_S = 90
 
 
-def chromium() -> str:
-    """The browser's path; the test is skipped without one, and fails under CI (`CI` set)."""
+MISSING = "chromium is not installed (make browser-deps installs Debian's, as root)"
+
+
+def chromium_or_none() -> str | None:
+    """The browser's path, or None without one; under CI (`CI` set) a missing one fails."""
     found = shutil.which("chromium")
+    if found is None and os.environ.get("CI"):
+        pytest.fail(MISSING)
+    return found
+
+
+def chromium() -> str:
+    """The browser's path; the test is skipped without one, and fails under CI."""
+    found = chromium_or_none()
     if found is None:
-        msg = "chromium is not installed (make browser-deps installs Debian's, as root)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        pytest.skip(MISSING)
     return found
 
 

@@ -7,8 +7,8 @@ on replica 1's node is handled by requeueing replica 1 exactly once; the shared-
 its replacement's start and catch-up does not evict a healthy replica as a straggler (eviction
 holds off while a replica recovers, and a straggler must be slow against its own pace too). Once
 every replica completed, the control job ends by itself (COMPLETED). The user's `fthsdp report`
-of the run, opened in headless chromium, draws the three lanes with the Xid and its requeue on
-replica 1's, and names the job and the node it left.
+of the run draws the three lanes with the Xid and its requeue on replica 1's, and names the job
+and the node it left; it is opened in headless chromium where there is one (always under CI).
 
 The pure part of the demo's early stop (a control job that failed is one line naming its log)
 is checked without Slurm.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_harness import chromium, open_report
+from browser_harness import chromium_or_none, open_report
 from control_harness import ROOT, clean_up, fthsdp, health_gated, requeues_in_journal, wait_until
 from cpu_load import cpu_burners
 from user_harness import SiteUser
@@ -65,7 +65,6 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
 def test_demo_fault_story_on_a_loaded_machine(
     slurm_cluster: DevClusterConfig, site_user: SiteUser, tmp_path: Path
 ) -> None:
-    chromium()  # skipped (or failed under CI) before the run when there is none
     with health_gated(slurm_cluster) as gated, cpu_burners(2):
         _story(gated, site_user, tmp_path)
 
@@ -130,14 +129,20 @@ def _story(gated: DevClusterConfig, site_user: SiteUser, work: Path) -> None:
 def _report_shows_the_fault(
     env: SiteUser, run_dir: Path, work: Path, job_id: str, victim: str
 ) -> None:
-    """`fthsdp report` of the finished run, made by its user, read in headless chromium: three
-    lanes, the Xid on replica 1's lane with its requeue, and the lane names its job and the node
-    it left."""
+    """`fthsdp report` of the finished run, made by its user: three lanes, the Xid on replica
+    1's lane with its requeue, and the lane names its job and the node it left. Read in headless
+    chromium (its console, its script, a screenshot) where there is one, and it must be there
+    under CI; the page's own markup is checked either way."""
     made = env.fthsdp("report", str(run_dir))
     assert made.returncode == 0, made.stderr[-2000:]
     page = run_dir / "report.html"
     assert made.stdout.split() == [str(page)]
-    dom = open_report(page, work, replicas=(0, 1, 2), faulted=(1,))
+    dom = page.read_text()
+    if chromium_or_none() is not None:
+        dom = open_report(page, work, replicas=(0, 1, 2), faulted=(1,))
+    for replica in (0, 1, 2):
+        assert f'id="lane-{replica}"' in dom
+    assert '<g class="fault" data-replica="1">' in dom
     assert '<g class="action requeue" data-replica="1">' in dom
     lane = dom.split('id="lane-1"', 1)[1].split("</title>", 1)[0]
     assert job_id in lane and victim in lane, lane
