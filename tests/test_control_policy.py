@@ -506,3 +506,17 @@ def test_hand_built_dicts_and_copies_match_the_generic_ones() -> None:
     generic = {**asdict(ev), "type": "ReportReceived"}
     assert json.dumps(event_to_dict(ev)) == json.dumps(generic)
     assert event_to_dict(ev)["report"]["evidence"] is not ev.report.evidence
+
+
+def test_the_drained_map_is_shared_until_a_drain_replaces_it() -> None:
+    """A report shares the earlier state's drained map (a run with thousands of drained nodes
+    copies none of them per report); a drain makes a new map and leaves the earlier states'
+    maps as they were."""
+    state, _ = run(WARM)
+    before = state
+    after_status, _ = step(state, status(0, 2, 2.0))
+    assert after_status.drained is before.drained
+    after_fault, actions = step(after_status, fatal(1, 2, 3.0, failure="node", node="node2"))
+    assert any(isinstance(a, Drain) for a in actions)
+    assert after_fault.drained == {"node2": after_fault.drained["node2"]}
+    assert before.drained == {} and after_status.drained == {}

@@ -521,3 +521,39 @@ def test_owned_state_and_flagged_index_match_the_pure_detector() -> None:
             assert [v.replica for v in stragglers(owned)] == scan
             assert stragglers(owned) == stragglers(pure)
     assert [v.replica for v in stragglers(pure)] == [2]
+
+
+@pytest.mark.parametrize("owned", [False, True])
+def test_a_replica_that_stops_reporting_leaves_the_peer_index(
+    owned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a silent replica's last sample is older than `max_age_s`, the others' reports still
+    take their peers' median from the index: the silent sample costs one pass when it ages out,
+    not a pass over every track on every report. It comes back with its next sample."""
+    from runtime.control.straggler import detect
+
+    scans = 0
+    full_pass = detect._scan
+
+    def counted(*args: object, **kwargs: object) -> float | None:
+        nonlocal scans
+        scans += 1
+        return full_pass(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(detect, "_scan", counted)
+    config = StragglerConfig(max_age_s=30.0)
+    state, replicas = DetectorState(), 50
+    now = 0.0
+    for step in range(1, 121):  # a report a second from each; replica 0 stops after step 10
+        for r in range(0 if step <= 10 else 1, replicas):
+            now = step + r / 1000
+            sample = TimingSample(r, step, now, 0.1 + r / 10_000, "i")
+            state = observe(state, sample, config, owned=owned)
+    assert 0 not in state.peers
+    assert scans <= 1, scans
+    probe = now + 0.5
+    assert detect._peer_median(state, 7, probe, config) == _reference_median(
+        state, 7, probe, config
+    )
+    state = observe(state, TimingSample(0, 11, now + 1, 0.1, "i"), config, owned=owned)
+    assert 0 in state.peers and len(state.computes) == len(state.times) == replicas

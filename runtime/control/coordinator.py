@@ -392,7 +392,9 @@ def _same(a: RunState, b: RunState, changed: Iterable[int]) -> bool:
     """Equal states, where `changed` (`_changed`) are the replicas whose objects differ: the
     others are shared, so only these are compared (a 1,000-replica run ticks every second,
     and polls compare once per job)."""
-    if a.drained != b.drained or a.outage != b.outage or len(a.replicas) != len(b.replicas):
+    if (a.drained is not b.drained and a.drained != b.drained) or a.outage != b.outage:
+        return False
+    if len(a.replicas) != len(b.replicas):
         return False
     return all(a.replicas.get(k) == b.replicas.get(k) for k in changed)
 

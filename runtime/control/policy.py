@@ -340,7 +340,9 @@ def _copy_for(state: RunState, event: Event) -> RunState:
     replicas = dict(state.replicas)
     for k in touched:
         replicas[k] = replicas[k].__deepcopy__({})
-    return RunState(state.config, replicas, dict(state.drained), state.outage)
+    # Shared, not copied: the policy replaces the drained map when it adds to it (`_drain`), so
+    # a run with thousands of drained nodes does not copy them for every report.
+    return RunState(state.config, replicas, state.drained, state.outage)
 
 
 def apply(new: RunState, event: Event) -> list[Action]:
@@ -548,7 +550,7 @@ def _drain(
     reason = drain_reason(check, text)
     kind = DRAIN_KINDS.get(check, "hung" if text.startswith("hung:") else "fault")
     if state.drained.get(node) != reason:
-        state.drained[node] = reason
+        state.drained = {**state.drained, node: reason}  # replaced: earlier states share it
         actions.append(Drain(node, reason, r.replica, r.job_id, kind))
     return node if NODE_NAME.fullmatch(node) else None
 

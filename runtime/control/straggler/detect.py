@@ -185,6 +185,10 @@ class DetectorState:
     #: kept by `observe` so that the question asked after every report needs no pass over
     #: every track.
     flagged: frozenset[int] = frozenset()
+    #: Samples received before this time have left the peer index (`_expired`): a replica
+    #: that stopped reporting would otherwise send every other replica's report to a pass
+    #: over every track, since the index's oldest sample would stay too old for good.
+    horizon: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,9 @@ def _indexed(
     new = _candidate(track) if track is not None else None
     old = state.peers.get(replica)
     if new == old:
-        return DetectorState(tracks, clock, state.peers, state.computes, state.times, flagged)
+        return DetectorState(
+            tracks, clock, state.peers, state.computes, state.times, flagged, state.horizon
+        )
     peers = state.peers if owned and isinstance(state.peers, dict) else dict(state.peers)
     computes = _own_list(state.computes, owned)
     times = _own_list(state.times, owned)
@@ -279,8 +285,42 @@ def _indexed(
         bisect.insort(computes, new[0])
         bisect.insort(times, new[1])
     if owned:
-        return DetectorState(tracks, clock, peers, computes, times, flagged)
-    return DetectorState(tracks, clock, peers, tuple(computes), tuple(times), flagged)
+        return DetectorState(tracks, clock, peers, computes, times, flagged, state.horizon)
+    return DetectorState(
+        tracks, clock, peers, tuple(computes), tuple(times), flagged, state.horizon
+    )
+
+
+def _expired(state: DetectorState, cut: float, owned: bool) -> DetectorState:
+    """`state` with the peer index's samples received before `cut` left out (the horizon moved
+    to `cut`). A replica that stopped reporting costs one pass here, when its sample ages out,
+    and its next sample puts it back (`_indexed`)."""
+    times = state.times
+    if not times or times[0] >= cut:
+        return state
+    peers = state.peers if owned and isinstance(state.peers, dict) else dict(state.peers)
+    computes = _own_list(state.computes, owned)
+    for r in [r for r, (_c, t) in peers.items() if t < cut]:
+        compute, _t = peers.pop(r)
+        del computes[bisect.bisect_left(computes, compute)]
+    kept = list(times[bisect.bisect_left(times, cut) :])
+    horizon = max(state.horizon, cut)
+    if owned:
+        return DetectorState(
+            state.tracks, state.clock, peers, computes, kept, state.flagged, horizon
+        )
+    return DetectorState(
+        state.tracks, state.clock, peers, tuple(computes), tuple(kept), state.flagged, horizon
+    )
+
+
+def _reindexed(state: DetectorState, tracks: Mapping[int, ReplicaTrack]) -> DetectorState:
+    """The peer index built anew from `tracks` (every candidate, the horizon reset): after the
+    clock ran back, samples that left the index may be fresh again."""
+    peers = {r: c for r, t in tracks.items() if (c := _candidate(t)) is not None}
+    computes = sorted(c for c, _t in peers.values())
+    times = sorted(t for _c, t in peers.values())
+    return DetectorState(tracks, state.clock, peers, computes, times, state.flagged)
 
 
 def _own_list(values: Sequence[float], owned: bool) -> list[float]:
@@ -304,6 +344,8 @@ def _peer_median(
     """The median of the other replicas' latest compute times that are no older than
     `max_age_s`; None with fewer than `min_peers` of them. From the sorted index when every
     other candidate is fresh (the usual case), else by a pass over the tracks."""
+    if now - config.max_age_s < state.horizon:
+        return _scan(state, replica, now, config)  # asked of a time before samples left
     own = state.peers.get(replica)
     n = len(state.computes) - (own is not None)
     if n <= 0:
@@ -324,11 +366,9 @@ def _peer_median(
 
 
 def _scan(state: DetectorState, replica: int, now: float, config: StragglerConfig) -> float | None:
-    peers = [
-        c
-        for r, (c, received) in state.peers.items()
-        if r != replica and 0 <= now - received <= config.max_age_s
-    ]
+    """The peers' median by a pass over every track (samples that left the index included)."""
+    candidates = ((r, _candidate(t)) for r, t in state.tracks.items() if r != replica)
+    peers = [c[0] for r, c in candidates if c is not None and 0 <= now - c[1] <= config.max_age_s]
     if len(peers) < config.min_peers or not peers:
         return None
     return statistics.median(peers)
@@ -460,8 +500,9 @@ def observe(
         # The monotonic clock went backwards (e.g. the coordinator moved host): no time-based
         # evidence survives it, and nothing may trigger from it.
         tracks = {r: replace(t, episode=None, flagged=False) for r, t in tracks.items()}
-        state = replace(state, flagged=frozenset())
+        state = _reindexed(replace(state, flagged=frozenset()), tracks)
     clock = sample.received_at
+    state = _expired(state, clock - config.max_age_s, owned)
     old = tracks.get(sample.replica)
     same = old is not None and old.latest.incarnation == sample.incarnation
     if same and old is not None and sample.step <= old.latest.step:
