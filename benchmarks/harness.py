@@ -20,6 +20,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,6 +60,21 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def machine_speed_ms() -> float:
+    """Milliseconds a fixed pure-Python loop takes, the best of five. The shared VM runs the
+    same code up to 1.5x slower from one hour to the next (other guests on its host), which no
+    load average shows; each run records this at its start and end, so that runs of different
+    hours can be compared."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i * i
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 2)
+
+
 class Run:
     """One benchmark run: provenance at the start, load average at both ends, JSON at the end."""
 
@@ -74,6 +90,7 @@ class Run:
         self.extra: dict[str, Any] = {}
         self.started = dt.datetime.now(dt.UTC)
         self.load_start = os.getloadavg()
+        self.speed_start = machine_speed_ms()
 
     def row(
         self,
@@ -115,6 +132,7 @@ class Run:
                 "versions": _versions(),
                 "loadavg_start": [round(x, 2) for x in self.load_start],
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                "speed_ms": [self.speed_start, machine_speed_ms()],
                 "duration_s": round((dt.datetime.now(dt.UTC) - self.started).total_seconds(), 1),
             },
             "rows": self.rows,
