@@ -304,13 +304,12 @@ def _expired(state: DetectorState, cut: float, owned: bool) -> DetectorState:
         compute, _t = peers.pop(r)
         del computes[bisect.bisect_left(computes, compute)]
     kept = list(times[bisect.bisect_left(times, cut) :])
-    horizon = max(state.horizon, cut)
-    if owned:
-        return DetectorState(
-            state.tracks, state.clock, peers, computes, kept, state.flagged, horizon
-        )
-    return DetectorState(
-        state.tracks, state.clock, peers, tuple(computes), tuple(kept), state.flagged, horizon
+    return replace(
+        state,
+        peers=peers,
+        computes=computes if owned else tuple(computes),
+        times=kept if owned else tuple(kept),
+        horizon=max(state.horizon, cut),
     )
 
 
@@ -367,8 +366,8 @@ def _peer_median(
 
 def _scan(state: DetectorState, replica: int, now: float, config: StragglerConfig) -> float | None:
     """The peers' median by a pass over every track (samples that left the index included)."""
-    candidates = ((r, _candidate(t)) for r, t in state.tracks.items() if r != replica)
-    peers = [c[0] for r, c in candidates if c is not None and 0 <= now - c[1] <= config.max_age_s]
+    candidates = (_candidate(t) for r, t in state.tracks.items() if r != replica)
+    peers = [c[0] for c in candidates if c is not None and 0 <= now - c[1] <= config.max_age_s]
     if len(peers) < config.min_peers or not peers:
         return None
     return statistics.median(peers)
