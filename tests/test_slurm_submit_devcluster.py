@@ -84,7 +84,13 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
     queue = subprocess.run(
         ["squeue", "-o", "%i %j %T %r %S %N"], capture_output=True, text=True, check=False
     ).stdout
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; squeue:\n{queue}")
+    # A job pending on Resources is explained by the nodes' states and reasons.
+    nodes = subprocess.run(
+        ["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True, check=False
+    ).stdout
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}; squeue:\n{queue}sinfo:\n{nodes}"
+    )
 
 
 @pytest.fixture
