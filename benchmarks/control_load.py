@@ -578,21 +578,26 @@ def main() -> int:
     if args.serve:
         served = serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"]))
         profile_to = os.environ.get("CONTROL_LOAD_PROFILE")
+        from runtime.control.event_loop import run as run_loop  # the loop `fthsdp control` runs
+
         if not profile_to:
-            asyncio.run(served)
+            run_loop(served)
             return 0
         import cProfile  # where the coordinator's time per report goes (`pstats` reads it)
 
         with cProfile.Profile() as prof:
-            asyncio.run(served)
+            run_loop(served)
         prof.dump_stats(profile_to)
         return 0
+    from runtime.control.event_loop import chosen
+
     niced = raise_limits(args.nice)
     with coordinator_process(total) as (proc, run_dir, leaders):
         run = Run(
             "control_load",
             "Control plane under load",
-            f"One coordinator process (aiohttp, SQLite journal with WAL and synchronous=FULL "
+            f"One coordinator process ({chosen()} event loop, aiohttp, SQLite journal with WAL "
+            f"and synchronous=FULL "
             f"written by group commit: one fsync per batch, decisions answered once durable; "
             f"in-memory Slurm backend). Each repeat runs two windows, interleaved: {steady:,} "
             f"and {args.low:,} replica leaders each sending a signed status report once a second "

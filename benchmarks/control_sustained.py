@@ -37,6 +37,7 @@ from benchmarks.control_load import (  # noqa: E402
     window,
 )
 from benchmarks.harness import MIN_REPEATS, Run  # noqa: E402
+from runtime.control.event_loop import chosen  # noqa: E402
 
 SENDERS = 16
 CAPACITY_S = 5.0
@@ -67,7 +68,8 @@ def main() -> int:
         run = Run(
             "control_sustained",
             "Control plane over a long run",
-            f"One coordinator process (as in control_load: aiohttp, SQLite journal with group "
+            f"One coordinator process (as in control_load: {chosen()} event loop, aiohttp, "
+            f"SQLite journal with group "
             f"commit, in-memory Slurm backend) and {steady:,} replica leaders, each on its own "
             f"kept-alive loopback connection, each sending a signed status report once a second "
             f"for {args.minutes} minutes. Each minute: {load_s:g} s of that load, then "

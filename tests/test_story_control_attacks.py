@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -410,6 +411,12 @@ def test_run_files_are_private_and_metrics_may_need_a_token(tmp_path: Path) -> N
         os.umask(old)
     try:
         wait_for(lambda: (run_dir / "control.sqlite-wal").exists(), what="the journal's WAL")
+        # The control job runs on uvloop where the runtime extra installed it.
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+        wait_for(
+            lambda: f"up on the {loop} event loop" in (run_dir / "control.log").read_text(),
+            what=f"the control job's line that it is up on {loop}",
+        )
         modes = {
             p.name: stat.S_IMODE(p.stat().st_mode)
             for p in run_dir.iterdir()

@@ -7,7 +7,6 @@ torchft's `torchft_lighthouse` binary in a child process.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import os
@@ -188,6 +187,8 @@ def control(
     with exit code 2 and a line that names the file; Slurm does not requeue a job for its exit
     code, so it does not loop.
     """
+    from runtime.control.event_loop import loop_factory
+    from runtime.control.event_loop import run as run_loop
     from runtime.control.http import own_address
     from runtime.control.policy import PolicyConfig
     from runtime.control.service import LighthouseConfig, serve
@@ -201,6 +202,7 @@ def control(
     from slurm.errors import InputError
     from slurm.rundir import check_control_inputs
 
+    loop_factory()  # a bad FTHSDP_EVENT_LOOP is named before anything starts
     heartbeat_timeout_ms = _ms("--heartbeat-timeout", heartbeat_timeout_s, heartbeat_timeout_ms)
     join_timeout_ms = _ms("--join-timeout", join_timeout_s, join_timeout_ms)
     straggler_window_steps = straggler_window_steps or straggler_window_steps_old
@@ -263,7 +265,7 @@ def control(
             heartbeat_timeout_ms=heartbeat_timeout_ms or settings.heartbeat_timeout_ms,
             join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
         )
-    asyncio.run(serve(config, lighthouse, finish_grace_s=_finish_grace()))
+    run_loop(serve(config, lighthouse, finish_grace_s=_finish_grace()))
 
 
 def _ms(option: str, seconds: float | None, old_ms: int | None) -> int | None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runtime.control.event_loop import new_event_loop
 from runtime.control.lighthouse_gate import client_handshake, host_port, splice, url
 from slurm.errors import EnvironmentProblem
 
@@ -129,7 +130,7 @@ class ForwarderThread:
 
     def __init__(self, forwarder: LighthouseForwarder) -> None:
         self.forwarder = forwarder
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="lighthouse-forwarder", daemon=True)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from runtime.control.event_loop import run as run_loop
 from runtime.protocol import derive_key
 
 log = logging.getLogger("fthsdp.gate")
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         await gate.close()
 
     try:
-        asyncio.run(run())
+        run_loop(run())
     except OSError as exc:
         print(
             f"the Lighthouse gate cannot listen on {args.bind}:{args.port}: {exc}", file=sys.stderr

@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from runtime.control.auth import SECRET_FILE, ensure_secret
+from runtime.control.event_loop import loop_name
 from runtime.control.http import RunningCoordinator, start_coordinator
 from runtime.control.lighthouse_gate import GATE_COUNTERS, GateStats, url
 from runtime.control.settings import CoordinatorConfig
@@ -473,7 +474,7 @@ async def serve(
         }
         write_control_file(coordinator.run_dir, info)
         await running.serve()
-        log.info("control plane up: %s", info)
+        log.info("control plane up on the %s event loop: %s", loop_name(loop), info)
         if finish_grace_s is not None:
             finisher = loop.create_task(watch_finish(running.coordinator, finish_grace_s, stop))
         await stop.wait()
