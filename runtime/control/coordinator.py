@@ -29,6 +29,7 @@ from typing import Any
 from runtime.control.auth import RequestAuth, ensure_secret
 from runtime.control.executor import SlurmExecutor
 from runtime.control.guard import Refusals
+from runtime.control.job_lookup import JobLookup
 from runtime.control.journal.schema import StoredAction
 from runtime.control.journal.store import Journal
 from runtime.control.journal.writer import GroupWriter, transient
@@ -109,6 +110,8 @@ class Coordinator:
         #: The keys signed requests are checked with (`runtime.control.auth`).
         self.auth = RequestAuth(ensure_secret(config.run_dir), clock)
         self.backend: SlurmBackend = backend or make_backend(retries=1, timeout=20.0)
+        #: Reports' lookups of their jobs, asked together when they come together.
+        self.job_lookup = JobLookup(lambda ids: self.backend.jobs(ids))
         #: Carries out the journaled Slurm actions (`runtime.control.executor`).
         self.executor = SlurmExecutor(
             self.backend,
@@ -243,10 +246,9 @@ class Coordinator:
 
     async def allocation(self, job_id: str) -> tuple[str, ...] | None:
         """The nodes Slurm lists for `job_id` now (all its components); None if it is not
-        queued. `SlurmCommandError` when Slurm cannot be asked."""
-        loop = asyncio.get_running_loop()
-        infos = await loop.run_in_executor(None, self.backend.jobs, [job_id])
-        found = [i for i in infos if i.base_id == job_id]
+        queued. `SlurmCommandError` when Slurm cannot be asked. Lookups that come together (a
+        mass failure's fatal reports) share one Slurm call (`JobLookup`)."""
+        found = await self.job_lookup.jobs(job_id)
         if not found:
             self.allocations.pop(job_id, None)
             return None
