@@ -36,7 +36,7 @@ class JobLookup:
         self._max_batch = max_batch
         self._waiting: dict[str, list[asyncio.Future[list[JobInfo]]]] = {}
         self._runner: asyncio.Task[None] | None = None
-        #: `fetch` calls made so far, and the ids they asked for (for tests and `/metrics`).
+        #: `fetch` calls made so far, and the ids they asked for in all.
         self.calls = 0
         self.asked = 0
 
