@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ class CountingBackend(CommandBackend):
     calls = 0
 
     def jobs(self, job_ids: Any = (), name: str | None = None) -> list[JobInfo]:
-        type(self).calls += 1
+        self.calls += 1
         return super().jobs(job_ids, name)
 
 
@@ -63,40 +64,36 @@ def submit_held(count: int, partition: str) -> list[str]:
     return ids
 
 
-async def each_alone(backend: CommandBackend, ids: list[str]) -> list[float]:
-    loop = asyncio.get_running_loop()
+async def lookups(ask: Callable[[str], Awaitable[list[JobInfo]]], ids: list[str]) -> list[float]:
+    """Every id looked up at once through `ask`; the seconds until each had its own job."""
     start = time.perf_counter()
 
     async def one(job_id: str) -> float:
-        infos = await loop.run_in_executor(None, backend.jobs, [job_id])
+        infos = await ask(job_id)
         assert any(i.base_id == job_id for i in infos), job_id
         return time.perf_counter() - start
 
     return list(await asyncio.gather(*(one(j) for j in ids)))
+
+
+async def each_alone(backend: CommandBackend, ids: list[str]) -> list[float]:
+    loop = asyncio.get_running_loop()
+    return await lookups(lambda j: loop.run_in_executor(None, backend.jobs, [j]), ids)
 
 
 async def batched(backend: CommandBackend, ids: list[str]) -> list[float]:
-    lookup = JobLookup(backend.jobs)
-    start = time.perf_counter()
-
-    async def one(job_id: str) -> float:
-        infos = await lookup.jobs(job_id)
-        assert any(i.base_id == job_id for i in infos), job_id
-        return time.perf_counter() - start
-
-    return list(await asyncio.gather(*(one(j) for j in ids)))
+    return await lookups(JobLookup(backend.jobs).jobs, ids)
 
 
 def measure(way: str, ids: list[str]) -> dict[str, float]:
     backend = CountingBackend(retries=1, timeout=60.0)
     backend.version()  # cached before the clock starts, as in a running coordinator
-    CountingBackend.calls = 0
     start = time.perf_counter()
     done = asyncio.run(each_alone(backend, ids) if way == "alone" else batched(backend, ids))
     out = {
         "all_s": time.perf_counter() - start,
         "slowest_s": max(done),
-        "calls": float(CountingBackend.calls),
+        "calls": float(backend.calls),
     }
     print(f"  {way}: {out}", flush=True)
     return out

@@ -44,7 +44,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    """`uvloop` or `asyncio`: which loop runs, for the log and `/metrics`."""
+    """`uvloop` or `asyncio`: which loop runs, for the control job's log."""
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 

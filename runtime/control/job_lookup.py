@@ -82,10 +82,10 @@ class JobLookup:
         for info in infos:
             if info.base_id in batch:
                 found.setdefault(info.base_id, []).append(info)
-        missing = [j for j in ids if j not in found and len(ids) > 1]
-        for job_id in ids:
-            if job_id not in missing:
-                _settle(batch[job_id], found.get(job_id, []))
+        # A lone id's answer is its own; in a batch, an unlisted id is asked again alone.
+        missing = [j for j in ids if j not in found] if len(ids) > 1 else []
+        for job_id in batch.keys() - set(missing):
+            _settle(batch[job_id], found.get(job_id, []))
         alone = await asyncio.gather(*(self._ask([j]) for j in missing), return_exceptions=True)
         for job_id, answer in zip(missing, alone, strict=True):
             if isinstance(answer, BaseException):
