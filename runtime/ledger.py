@@ -208,11 +208,12 @@ def verify(records: Iterable[LedgerRecord]) -> LedgerVerdict:
     yields the state the next step started from (one step has one head per history, as a head
     fixes the next state). Records off it are steps whose training a rollback discarded (the
     run went back to a checkpoint, or started over), counted in `rolled_back`, unless a replica
-    that the history says contributed to that step has no record on it: that replica trained
-    some other unit (replicas disagree). On the history, each step must start from the state
-    the previous one left, and a replica's own unit must be the one its slot was issued. Then
-    the trained units may not overlap (nothing trained twice), and with the units still pending
-    at the end they must tile the stream from where the first step started (nothing skipped).
+    that the history says contributed to that step has no record on it and recorded the step
+    from another start state: that replica trained some other unit (replicas disagree). On the
+    history, each step must start from the state the previous one left, and a replica's own
+    unit must be the one its slot was issued. Then the trained units may not overlap (nothing
+    trained twice), and with the units still pending at the end they must tile the stream from
+    where the first step started (nothing skipped).
     """
     by_step: dict[int, dict[str, list[LedgerRecord]]] = {}
     for rec in records:
@@ -312,10 +313,26 @@ def _shares(step: int, recs: list[LedgerRecord], units: list[Slot]) -> list[str]
 
 
 def _off_history(step: int, heads: dict[str, list[LedgerRecord]], ref: LedgerRecord) -> list[str]:
-    """A contributor of the step on the history with no record on it trained another unit."""
+    """A contributor of the step on the history whose own record of the step started from
+    another state trained another unit than the history gave its slot (replicas disagree).
+
+    One that started from the same state took the same unit: the step was committed twice from
+    one state with other participants, and the history's commit counted this replica without
+    its record (it was killed after the allreduce, or its own allreduce failed after the peers'
+    completed). Its record is of the commit that was rolled back.
+    """
     ours = ref.head()  # serialised once, not once per record
+    start = ref.state()
     on = {r.replica for r in heads[ours]}
-    off = sorted({(r.replica, h) for h, recs in heads.items() if h != ours for r in recs})
+    off = sorted(
+        {
+            (r.replica, h)
+            for h, recs in heads.items()
+            if h != ours
+            for r in recs
+            if r.state() != start
+        }
+    )
     return [
         f"step {step}: replicas disagree on the ledger state: replica {replica} recorded "
         f"{head}, the run's history {ours}"

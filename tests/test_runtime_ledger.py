@@ -203,6 +203,22 @@ def test_a_replica_on_its_own_stale_ledger_is_found_at_every_step() -> None:
     assert [p.split(":")[0] for p in found] == ["step 2", "step 3", "step 4"], verdict.problems
 
 
+def test_a_step_committed_twice_from_one_state_counts_a_contributor_without_its_record() -> None:
+    """Step 2 from one state, twice: replicas 1 and 2 commit it with all three slots, while
+    replica 0, whose allreduce failed after theirs completed, stays at step 2 and commits it
+    again with a fresh replica 2 (contributors 0 and 2). That second commit is then lost (both
+    die) and the run goes on from the first. Replica 0 trained the unit the history gave its
+    slot: a rollback, not a disagreement."""
+    before, s2 = play([WHOLE, WHOLE], 3)
+    on_history, s3 = play([([0, 1, 2], [])], 3, s2, first=2)
+    on_history = [r for r in on_history if r.replica != 0]
+    side, _ = play([([0, 2], [])], 3, s2, first=2)
+    after, end = play([WHOLE, WHOLE], 3, s3, first=3)
+    verdict = ledger.verify(before + side + on_history + after)
+    assert verdict.ok, verdict.problems
+    assert verdict.rolled_back == 1 and verdict.samples + verdict.pending == end.cursor
+
+
 def test_a_rollback_to_a_state_the_run_never_had_is_a_gap() -> None:
     first, _ = play([WHOLE] * 4, 3)
     shifted = replace(_state_at(first, 2), cursor=_state_at(first, 2).cursor + B)
@@ -223,8 +239,10 @@ def _bad(kind: str) -> list[LedgerRecord]:
         return [*records[:2], *(_edit(r, cursor=0, last=[]) for r in records[2:4]), *records[4:]]
     if kind == "skipped":  # step 2 starts past where step 1 ended
         return [*records[:4], *(_edit(r, cursor=r.cursor + 8) for r in records[4:])]
-    if kind == "disagree":
-        return [*records[:1], _edit(records[1], contributors=[1]), *records[2:]]
+    if kind == "disagree":  # replica 1 trained step 1 from the state of a step 0 it took alone
+        alone = ledger.commit(records[1].state(), [1], 2, B)
+        own = LedgerRecord.make(1, 1, alone, [0, 1], 2, B)
+        return [*records[:3], own, *records[4:]]
     if kind == "off-slot":  # replica 1 trained replica 0's unit
         return [*records[:3], _edit(records[3], lo=records[2].lo, hi=records[2].hi), *records[4:]]
     if kind == "did not contribute":  # a healing replica claims a share

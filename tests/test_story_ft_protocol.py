@@ -48,6 +48,31 @@ def events(run_dir: Path, replica: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def timeline(run_dir: Path, summary: RunSummary) -> list[str]:
+    """Each replica's starts, heals, commits and aborts around the steps the ledger flags, with
+    the kills: what a failed ledger check needs to be explained."""
+    flagged = {int(p.split(":")[0].split()[1]) for p in summary.ledger_problems if p[:5] == "step "}
+    rows: list[tuple[float, str]] = [
+        (f["t_kill"], f"kill r{f['replica']} ({f['kind']}) at step {f['step']}")
+        for f in summary.failures
+    ]
+    for replica in range(summary.replicas):
+        for e in events(run_dir, replica):
+            near = any(abs(int(e.get("step", -9)) - s) <= 2 for s in flagged)
+            if e["event"] in ("start", "joined", "healed") or (
+                near and e["event"] in ("commit", "abort", "sync")
+            ):
+                rows.append(
+                    (
+                        e["t"],
+                        f"r{replica}/{e['incarnation'][:4]} {e['event']} step {e.get('step')} "
+                        f"participants {e.get('participants')} {str(e.get('error') or '')[:80]}",
+                    )
+                )
+    t0 = min((t for t, _ in rows), default=0.0)
+    return [f"{t - t0:8.2f} {what}" for t, what in sorted(rows)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("ranks", "microbatches"), [(2, 1), (1, 1), (2, 2)])
@@ -191,7 +216,7 @@ def test_chaos_random_kills_three_replicas(tmp_path: Path) -> None:
     )
     assert summary.steps == 200
     assert len(summary.failures) >= 2, summary.failures
-    assert summary.ledger_ok, summary.ledger_problems
+    assert summary.ledger_ok, (summary.ledger_problems, timeline(tmp_path, summary))
     assert summary.weights_agree
     assert len(summary.finished_replicas) >= 2, summary
     # One failure costs a healthy replica at most allreduce + heartbeat timeouts (+ slack); chaos
