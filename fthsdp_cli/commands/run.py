@@ -244,7 +244,7 @@ def run(
     err = Console(stderr=True)
     cfg.run_dir, note = local_run_dir(cfg.run_dir)
     if note:
-        err.print(note, highlight=False)
+        err.print(note, highlight=False, soft_wrap=True)  # a path is never broken
     clear_run_state(cfg.run_dir, keep_checkpoints=resume)
     if as_json or not err.is_terminal:
         summary = LocalLauncher(cfg).run()

@@ -50,7 +50,7 @@ def run_foreign(
     err = Console(stderr=True)
     cfg.run_dir, note = local_run_dir(cfg.run_dir.resolve())
     if note:
-        err.print(note, highlight=False)
+        err.print(note, highlight=False, soft_wrap=True)  # a path is never broken
     clear_run_state(cfg.run_dir, keep_checkpoints=True)
     summary = ForeignLocalRun(cfg).run()
     if as_json:

@@ -316,4 +316,4 @@ def simulate(
     console = Console()
     console.print(fitted_table(records, console))
     if plot is not None:
-        console.print(f"plot written to {plot}")
+        console.print(f"plot written to {plot}", soft_wrap=True)
