@@ -5,8 +5,9 @@ KILL_AT. For FT-HSDP the local launcher restarts only that replica; for the sync
 (static HSDP, durable checkpoint every CKPT_EVERY steps) the whole job is killed and restarted
 from the last checkpoint, which is what a synchronous job does when one rank dies.
 
-Figures: healthy-replica stall (the longest gap between a surviving replica's commits around the
-failure, minus a normal step), time to rejoin (relaunch -> first full step; and from the
+Figures: healthy-replica stall (the longest gap between a surviving replica's commits over the
+outage, from the kill to the restarted replica's first full step, minus a normal step;
+`runtime.local.summary.outage_stall`), time to rejoin (relaunch -> first full step; and from the
 restarted process's first quorum), and ETTR over the run (useful replica-steps x median step /
 (replicas x wall time)). Targets: stall < 5 s, rejoin < 1 step after load, ETTR ratio vs sync > 1.
 The three configurations run interleaved, `--repeat` times (default 5); medians and ranges go to

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+import runtime.local.faults as faults_module
 from runtime.local.config import LaunchConfig
 from runtime.local.faults import FaultInjector
 from runtime.local.replicas import LocalReplica
@@ -78,3 +81,32 @@ def test_single_kill_and_schedule_together(tmp_path: Path) -> None:
         for r in rs:
             r.state = "training"
     assert killed == [(2, 4), (0, 8)]
+
+
+def test_jittered_kills_land_inside_the_step_at_seeded_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a jitter, a due kill waits a delay drawn from the seed in [0, jitter), then lands
+    once, the listed kills in their order; the same seed draws the same delays."""
+    clock = [100.0]
+    monkeypatch.setattr(faults_module.time, "monotonic", lambda: clock[0])
+    delays: list[list[float]] = []
+    for _ in range(2):
+        faults, killed = injector(tmp_path, kill_schedule=((1, 2), (2, 4)), kill_jitter_s=0.5)
+        rs = replicas(3)
+        advance(rs, 4)  # both kills are due from now on
+        landed: list[float] = []
+        start = clock[0]
+        for _ in range(150):
+            before = len(killed)
+            faults.tick(rs, run_ending=False)
+            if len(killed) > before:  # the next one's delay counts from here
+                landed.append(round(clock[0] - start, 6))
+                start = clock[0]
+            for r in rs:
+                r.state = "training"
+            clock[0] += 0.01
+        assert [r for r, _ in killed] == [1, 2] and faults.pending_kills == []
+        assert all(0 <= d < 0.5 + 0.01 for d in landed), landed
+        delays.append(landed)
+    assert delays[0] == delays[1]

@@ -38,6 +38,9 @@ class LaunchConfig:
     #: More kills at chosen steps: each (replica, step) is `kill_replica`/`kill_at_step` again,
     #: so that a run has exactly as many kills as listed (chaos kills come at random times).
     kill_schedule: tuple[tuple[int, int], ...] = ()
+    #: A listed kill lands a random time in [0, kill_jitter_s) after its step is reached (drawn
+    #: from `seed`), so that kills fall anywhere inside a step, not only at its report.
+    kill_jitter_s: float = 0.0
     chaos_mtbf_s: float | None = None
     seed: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)

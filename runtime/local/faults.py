@@ -31,6 +31,16 @@ class Failure:
     detail: str = ""
 
 
+@dataclass(eq=False)
+class ListedKill:
+    """A kill of `replica` once it reached `step` (`LaunchConfig.kill_schedule`); with a jitter,
+    it lands at `lands_at` (monotonic), drawn when the step is first seen reached."""
+
+    replica: int
+    step: int
+    lands_at: float | None = None
+
+
 def healthy_others(victim: LocalReplica, replicas: list[LocalReplica]) -> bool:
     """Another replica trains, committed within the last 2 s, and all its processes live."""
     now = time.time()
@@ -53,18 +63,24 @@ class FaultInjector:
         self.cfg = cfg
         self.inject = inject
         self.rng = random.Random(cfg.seed)
-        #: The (replica, step) kills not injected yet, in the order given.
-        self.pending_kills = list(cfg.kill_schedule)
+        #: The listed kills not injected yet, in the order given.
+        self.pending_kills = [ListedKill(r, step) for r, step in cfg.kill_schedule]
         if cfg.kill_replica is not None and cfg.kill_at_step is not None:
-            self.pending_kills.insert(0, (cfg.kill_replica, cfg.kill_at_step))
+            self.pending_kills.insert(0, ListedKill(cfg.kill_replica, cfg.kill_at_step))
         self.next_chaos: float | None = None
 
     def tick(self, replicas: list[LocalReplica], run_ending: bool) -> None:
         """One pass of the launcher's loop; `run_ending` once a replica has finished."""
         cfg = self.cfg
         for kill in list(self.pending_kills):
-            rs = replicas[kill[0]]
-            due = rs.state == "training" and rs.step >= kill[1]
+            rs = replicas[kill.replica]
+            due = rs.state == "training" and rs.step >= kill.step
+            if due and cfg.kill_jitter_s > 0:
+                now = time.monotonic()
+                if kill.lands_at is None:
+                    kill.lands_at = now + self.rng.uniform(0, cfg.kill_jitter_s)
+                if now < kill.lands_at:
+                    break  # the listed kills land in their order
             if due and (healthy_others(rs, replicas) or cfg.replicas == 1):
                 self.pending_kills.remove(kill)
                 self.inject(rs, "injected")

@@ -2,8 +2,8 @@
 
 Per-replica progress events (`progress/r*.jsonl`), the data ledger (`ledger/r*.jsonl`) and the
 final local shards (`final/r*_rank*.pt`), together with the failures the launcher saw, give how
-many steps committed, each healthy replica's stall (its longest gap between commits around a
-failure, minus a normal step), each restarted replica's time to rejoin, whether the final
+many steps committed, each healthy replica's stall (its longest gap between commits over a
+failure's outage, minus a normal step), each restarted replica's time to rejoin, whether the final
 weights agree, the ledger's verdict, and the effective training time ratio (ETTR).
 """
 
@@ -55,6 +55,46 @@ class RunSummary:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+def outage_stall(commits: list[float], t0: float, t1: float, median_step: float) -> float | None:
+    """A healthy replica's stall over an outage [t0, t1]: its longest gap between commits that
+    overlaps it, minus a normal step. The gap that holds the fault is often a normal one (the
+    survivors commit the step the dead replica had contributed to); the wait comes at the next
+    quorum. None when the replica committed nothing before t0 or after t1."""
+    before = [t for t in commits if t <= t0]
+    after = [t for t in commits if t > t1]
+    if not (before and after):
+        return None
+    marks = [before[-1], *(t for t in commits if t0 < t <= t1), after[0]]
+    return max(0.0, max(b - a for a, b in itertools.pairwise(marks)) - median_step)
+
+
+def down_during(failures: list[dict[str, Any]], replica: int, t0: float, t1: float) -> bool:
+    """Whether one of the replica's own outages (kill to first full step back) overlaps [t0, t1]:
+    then it was not a healthy replica waiting."""
+    return any(
+        g["replica"] == replica and g["t_kill"] <= t1 and (g.get("t_rejoin") or g["t_kill"]) >= t0
+        for g in failures
+    )
+
+
+def healthy_stalls(
+    failures: list[dict[str, Any]], commits: dict[int, list[float]], median_step: float
+) -> list[float]:
+    """Each failure's stall of each replica that stayed up through its outage (from the kill to
+    the restarted replica's first full step; only the gap that holds the kill if it never came
+    back)."""
+    stalls = []
+    for f in failures:
+        t1 = f.get("t_rejoin") or f["t_kill"]
+        for replica, ts in commits.items():
+            if replica == f["replica"] or down_during(failures, replica, f["t_kill"], t1):
+                continue
+            stall = outage_stall(ts, f["t_kill"], t1, median_step)
+            if stall is not None:
+                stalls.append(stall)
+    return stalls
+
+
 def summarize(
     cfg: LaunchConfig,
     replicas: list[LocalReplica],
@@ -82,19 +122,8 @@ def summarize(
         ts = [t for t, _, heal, _ in rs.commits if not heal]
         intervals += [b - a for a, b in itertools.pairwise(ts)]
     median_step = statistics.median(intervals) if intervals else 0.0
-    stalls = []
-    for f in failures:
-        for rs in replicas:
-            if rs.replica == f.replica:
-                continue
-            before = [t for t, *_ in rs.commits if t <= f.t_kill]
-            after = [t for t, *_ in rs.commits if t > f.t_kill]
-            if not (before and after):
-                continue
-            # A replica killed itself within this gap was not a healthy one waiting.
-            if any(g.replica == rs.replica and before[-1] < g.t_kill < after[0] for g in failures):
-                continue
-            stalls.append(max(0.0, after[0] - before[-1] - median_step))
+    commits = {rs.replica: [t for t, *_ in rs.commits] for rs in replicas}
+    stalls = healthy_stalls([asdict(f) for f in failures], commits, median_step)
     records = ledger.read_log(sorted((cfg.run_dir / "ledger").glob("r*.jsonl")))
     checked = check_ledger(cfg.run_dir, cfg.steps)
     steps, ledger_ok, problems = checked.steps, checked.ok, checked.problems
