@@ -167,8 +167,10 @@ def main() -> int:
         f"each replica in turn, every {SPACING} steps, each at a random point within "
         f"{JITTER_S} s (about a step) after its victim reached the step; the local launcher "
         "restarts the victim at once. Per kill: the longest gap between a survivor's commits "
-        "across it, minus the run's median step. Two Lighthouse heartbeat timeouts "
-        f"(`train.timeouts`: {', '.join(f'{h:g} s' for h in HEARTBEATS_S)}), runs interleaved; "
+        "over the outage (the kill to the victim's first full step back), minus the run's "
+        "median step. Two Lighthouse heartbeat timeouts "
+        f"(`train.heartbeat_timeout_s`: {', '.join(f'{h:g} s' for h in HEARTBEATS_S)}), runs "
+        "interleaved; "
         "every kill of every run of a configuration is one sample.",
         args.repeat,
     )
