@@ -76,20 +76,17 @@ def count(evs: dict[int, list[dict[str, Any]]]) -> dict[str, int]:
                 joined.add(inc)
             elif e["event"] == "healed" and inc in joined and int(e.get("step") or 0) > 1:
                 late_heals += 1
-    commits = max(
-        (e["step"] for es in evs.values() for e in es if e["event"] == "commit"), default=-1
-    )
+    last = max((e["step"] for es in evs.values() for e in es if e["event"] == "commit"), default=-1)
     return {
         "steps_short_of_a_replica": len(short),
         "aborted_steps": aborts,
         "heals_after_join": late_heals,
-        "last_step": commits + 1,
+        "last_step": last + 1,
     }
 
 
-def one(
-    cfg: devcluster.DevClusterConfig, root: Path, heartbeat_s: float, steps: int
-) -> dict[str, Any]:
+def one(root: Path, heartbeat_s: float, steps: int) -> dict[str, Any]:
+    """One fault-free job set on the running cluster (`SLURM_CONF` names it)."""
     work = Path(tempfile.mkdtemp(prefix=f"hb{heartbeat_s:g}-", dir=root))
     work.chmod(0o755)
     spec, run_dir = write_spec(work, steps=steps, name=f"hb{int(heartbeat_s * 1000)}")
@@ -147,7 +144,7 @@ def main() -> int:
         with devcluster.running_cluster(cfg) as running:
             os.environ["SLURM_CONF"] = str(running.conf_path)
             configs = {
-                f"heartbeat {hb:g} s": (lambda hb=hb: one(running, root, hb, args.steps))
+                f"heartbeat {hb:g} s": (lambda hb=hb: one(root, hb, args.steps))
                 for hb in HEARTBEATS_S
             }
             got = interleave(configs, args.repeat)
