@@ -105,6 +105,7 @@ class FTHSDP:
         self.reporter: Any = None
         self.checkpointer: Any = None
         self.watchdog: Any = None
+        self.manager: Any = None
 
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -121,26 +122,81 @@ class FTHSDP:
                 contract.WORLD_SIZE: str(env.world_size),
             }
         )
+        self._joined = False
+        if env.waiting_warm:
+            # A warm spare slot: everything up to the model and the node check happens now; the
+            # replica's identity, its quorum service and its Manager come in `data()`.
+            self._init_replica_group()
+            self._start_watchdog()
+            self._check_node("the warm slot's node check")
+            return
         lighthouse = wait_for_lighthouse(env, env.timeouts.join_s)
         self.control = ControlRestartWait(env, lighthouse)
+        self._init_replica_group()
+        self._join(lighthouse)
+        self._start_watchdog()
+
+    def _init_replica_group(self) -> None:
+        """The process group of this replica's own ranks (the shard dimension)."""
         dist.init_process_group(
             self.backend,
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timedelta(seconds=env.timeouts.join_s),
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            timeout=timedelta(seconds=self.env.timeouts.join_s),
         )
+
+    def _join(self, lighthouse: str, **start: Any) -> None:
+        """Become a member of the run: torchft's Manager, the logs and the report channel."""
+        env = self.env
         # The gate's address is what the control file names; the Manager goes through the
         # supervisor's forwarder, which proves the run's key to the gate.
         self._ft_pg, self.manager = build_manager(
             env,
             self.backend,
             env.lighthouse_forwarder or lighthouse,
-            init_sync=init_sync,
+            init_sync=self.init_sync,
             epoch=self.control.epoch,
         )
         self.manager.register_state_dict_fn("fthsdp", self._load_heal_state, self._heal_state)
-        self._open_logs()
+        self._joined = True
+        self._open_logs(**start)
         self._start_side_services()
+
+    def _join_warm(self) -> None:
+        """Wait for the replica this warm slot becomes, re-check the node, then join as it."""
+        from runtime import warm_handoff
+
+        path = self.env.warm_handoff
+        assert path is not None
+        if self.env.is_leader:
+            warm_handoff.mark_ready(path, pid=os.getpid(), node=self._node_name())
+        waiting = time.time()
+        try:
+            handoff = warm_handoff.wait_for_handoff(path, self.env.num_replicas)
+        except warm_handoff.HandoffError as exc:
+            raise FatalWorkerError(str(exc), ExitCode.BAD_ENV) from None
+        named = time.time()
+        os.environ.update(handoff.environ())
+        try:
+            env = parse_env(os.environ)
+        except EnvError as exc:
+            raise FatalWorkerError(f"bad environment: {exc}", ExitCode.BAD_ENV) from None
+        self.env = replace(env, master_addr=self.env.master_addr, master_port=self.env.master_port)
+        self._check_node("the node check before a warm slot joins")
+        lighthouse = wait_for_lighthouse(self.env, self.env.timeouts.join_s)
+        self.control = ControlRestartWait(self.env, lighthouse)
+        self.steps.started_at = time.time()
+        self._join(lighthouse, warm=True, warm_for_s=round(named - waiting, 3),
+                   named_at=named)  # fmt: skip
+
+    def _check_node(self, what: str) -> None:
+        """Run the cheap checks once; a node that fails them is a node fault now."""
+        if self.watchdog is None:
+            return
+        found = self.watchdog.check_once()
+        if found is not None:
+            reason, evidence = found
+            raise FatalWorkerError(f"{what}: {reason}", ExitCode.NODE_FAULT, evidence)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -161,7 +217,7 @@ class FTHSDP:
             print(f"fthsdp: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(int(exc.exit_code)) from None
 
-    def _open_logs(self) -> None:
+    def _open_logs(self, **start: Any) -> None:
         if not self.env.is_leader:
             return
         for sub in ("progress", "ledger"):
@@ -169,7 +225,7 @@ class FTHSDP:
         name = f"r{self.env.replica_id}.jsonl"
         self._progress_file = open(self.env.run_dir / "progress" / name, "a", buffering=1)  # noqa: SIM115
         self.ledger_log = open(self.env.run_dir / "ledger" / name, "a", buffering=1)  # noqa: SIM115
-        self.event("start", step=self.manager.current_step())
+        self.event("start", step=self.manager.current_step(), **start)
 
     def _start_side_services(self) -> None:
         from runtime.checkpoint import DurableCheckpointer
@@ -178,6 +234,8 @@ class FTHSDP:
         if self.env.is_leader:
             self.reporter = ReportClient.for_worker(self.env, self.incarnation)
         self.checkpointer = DurableCheckpointer.for_worker(self.env)
+
+    def _start_watchdog(self) -> None:
         if self.env.health_checks:
             from runtime.watchdog import NodeWatchdog
 
@@ -279,6 +337,8 @@ class FTHSDP:
         """
         from torch.utils.data import default_collate
 
+        if not self._joined:
+            self._join_warm()
         self.steps.replica_batch = batch_size * self.env.world_size
         collate_fn = collate or default_collate
         n = len(dataset)
@@ -306,6 +366,8 @@ class FTHSDP:
     @property
     def step(self) -> int:
         """Training steps committed so far (torchft's step minus the initial sync step)."""
+        if not self._joined:
+            return 0
         return min(max(0, self.manager.current_step() - 1), self.env.steps)
 
     @property
@@ -426,7 +488,8 @@ class FTHSDP:
             self.watchdog.stop()
         if self.reporter is not None:
             self.reporter.close()
-        self.manager.shutdown(wait=False)
+        if self._joined:
+            self.manager.shutdown(wait=False)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 

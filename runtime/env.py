@@ -115,11 +115,26 @@ class WorkerEnv:
     lighthouse_forwarder: str | None = None
     slurm_job_id: str | None = None
     nodes: tuple[str, ...] = ()
+    #: A warm spare slot's step: the file that will name its replica (`runtime.warm_handoff`);
+    #: `replica_id` is -1 until then.
+    warm_handoff: Path | None = None
 
     @property
     def is_leader(self) -> bool:
         """Group rank 0: the replica leader that reports and votes for the replica."""
         return self.rank == 0
+
+    @property
+    def waiting_warm(self) -> bool:
+        """A warm slot's step that has no replica yet."""
+        return self.replica_id < 0
+
+    @property
+    def rendezvous_name(self) -> str:
+        """Whose rendezvous this step publishes: its replica's, or its warm slot's."""
+        if self.waiting_warm and self.warm_handoff is not None:
+            return f"w{self.warm_handoff.stem}"
+        return f"r{self.replica_id}"
 
     def endpoints(self) -> ControlEndpoints | None:
         """Lighthouse and coordinator, re-read from the control file on every call."""
@@ -251,7 +266,11 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
     if not run_dir_raw:
         raise EnvError(contract.RUN_DIR, None, "required (the run directory)")
     num = _int(env, contract.NUM_REPLICAS, minimum=1)
-    replica = _int(env, contract.REPLICA_ID)
+    warm_raw = env.get(contract.WARM_HANDOFF) or None
+    if warm_raw is not None and not env.get(contract.REPLICA_ID):
+        replica = -1  # a warm slot's step: its replica comes with the handoff
+    else:
+        replica = _int(env, contract.REPLICA_ID)
     if replica >= num:
         raise EnvError(
             contract.REPLICA_ID,
@@ -313,4 +332,5 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
         lighthouse_forwarder=env.get(contract.LIGHTHOUSE_FORWARDER) or None,
         slurm_job_id=job_id,
         nodes=nodes,
+        warm_handoff=Path(warm_raw) if warm_raw else None,
     )

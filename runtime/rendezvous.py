@@ -141,8 +141,8 @@ def resolve(
     key = incarnation_key(environ, env.slurm_job_id)
     # The run and replica go into the candidates too: equal job ids of two runs (or two dev
     # clusters) on one host then try different ports.
-    seed = f"{env.run_dir}/r{env.replica_id}/{key}"
-    path = env.run_dir / RENDEZVOUS_DIR / f"r{env.replica_id}.json"
+    seed = f"{env.run_dir}/{env.rendezvous_name}/{key}"
+    path = env.run_dir / RENDEZVOUS_DIR / f"{env.rendezvous_name}.json"
     if env.world_size == 1:
         return addr, pick_port(seed, free)
     if env.rank == 0:

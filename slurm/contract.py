@@ -84,6 +84,9 @@ REPLICA = "FTHSDP_REPLICA"
 LAUNCH = "FTHSDP_LAUNCH"
 #: The launch's incarnation (`job.restarts.launch`); it also marks the step's processes.
 INCARNATION = "FTHSDP_INCARNATION"
+#: A warm spare slot's step (no FTHSDP_REPLICA_ID yet): the handoff file that will name its
+#: replica (`runtime.warm_handoff`).
+WARM_HANDOFF = "FTHSDP_WARM_HANDOFF"
 #: Of a foreign trainer (`runtime.foreign`); also TORCHFT_LIGHTHOUSE, MASTER_ADDR and MASTER_PORT.
 RDZV_ENDPOINT = "FTHSDP_RDZV_ENDPOINT"
 

@@ -245,18 +245,25 @@ def _srun_args(het_group: int | None, nodes: int, tasks: int, cpus: int | None) 
     return [shlex.quote(a) for a in args]
 
 
+def trainer_srun(spec: JobSpec) -> list[str]:
+    """The srun options of a replica's trainer step (a warm spare slot starts the same step)."""
+    r = spec.replicas
+    assert r.tasks_per_node is not None
+    het = r.helper is not None
+    trainer = _srun_args(0 if het else None, r.nodes, r.tasks_per_node, r.cpus_per_task)
+    trainer.append("--kill-on-bad-exit=1")
+    if spec.train.mode == "torchft":
+        trainer.append("--label")  # task ids on each line: the supervisor reads task 0's
+    return trainer
+
+
 def render_replica(spec: JobSpec, replica: int) -> RenderedScript:
     if not 0 <= replica < spec.replicas.count:
         raise InputError("--replica", replica, f"a replica id in 0..{spec.replicas.count - 1}")
     r = spec.replicas
     comp0, comp1 = replica_options(spec, replica)
-    het = r.helper is not None
-    assert r.tasks_per_node is not None
-    trainer = _srun_args(0 if het else None, r.nodes, r.tasks_per_node, r.cpus_per_task)
-    trainer.append("--kill-on-bad-exit=1")
+    trainer = trainer_srun(spec)
     foreign = spec.train.mode == "torchft"
-    if foreign:
-        trainer.append("--label")  # task ids on each line: the supervisor reads task 0's
     helper = (
         _srun_args(1, r.helper.nodes, r.helper.tasks_per_node, r.helper.cpus_per_task)
         if r.helper

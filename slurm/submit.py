@@ -261,8 +261,9 @@ def submit_spares(spec: JobSpec, backend: SlurmBackend, control_id: str) -> list
 def render_spare(spec: JobSpec) -> str:
     """The spare slot script: one replica's shape (partition, GRES, constraint, switches, helper
     component), its own job name and no `singleton`; it waits for the coordinator to assign a
-    replica, then runs that replica's script (`runtime.control.spares`)."""
-    from slurm.render import replica_options, runtime_env, template_environment
+    replica, then runs that replica's script (`runtime.control.spares`). A warm slot starts the
+    replicas' step at once and hands it the replica instead."""
+    from slurm.render import replica_options, runtime_env, template_environment, trainer_srun
 
     comp0, comp1 = replica_options(spec, 0)
     name = f"{spec.job.name}-spare"
@@ -287,6 +288,9 @@ def render_spare(spec: JobSpec) -> str:
             python=spec.control.python,
             python_bin=python_bin(spec.control.python),
             run_dir=str(spec.run_dir),
+            warm=spec.spares.warm,
+            trainer_srun=trainer_srun(spec) if spec.spares.warm else [],
+            train_command=spec.train.command,
         )
     )
     return text

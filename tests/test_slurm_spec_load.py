@@ -243,6 +243,17 @@ def test_unreadable_spec_files(tmp_path: Path) -> None:
 BASE = {"job": {"name": "a", "run_dir": "/tmp/a"}, "train": {"command": "x"}}
 
 
+def test_warm_spares_need_the_fthsdp_api() -> None:
+    data = dict(
+        BASE,
+        replicas={"count": 2},
+        train={"command": "x", "mode": "torchft", "progress_file": "p.txt"},
+        spares={"nodes": 1, "warm": True},
+    )
+    with pytest.raises(InputError, match=r'spares.warm.*train.mode = "torchft"'):
+        parse_spec(data)
+
+
 @pytest.mark.parametrize(
     ("replicas", "spares", "error"),
     [
@@ -253,6 +264,14 @@ BASE = {"job": {"name": "a", "run_dir": "/tmp/a"}, "train": {"command": "x"}}
         ({"count": 2}, {"nodes": -1}, "must be an integer >= 0"),
         ({"count": 2, "constraint": ["a", "b"]}, {"nodes": 1}, "per-replica constraint"),
         ({"count": 2}, {"node": 1}, "did you mean 'nodes'"),
+        ({"count": 2}, {"nodes": 1, "warm": True}, None),
+        ({"count": 2}, {"warm": True}, "spares.warm.*false when spares.nodes = 0"),
+        ({"count": 2}, {"nodes": 1, "warm": "yes"}, "spares.warm.*true or false"),
+        (
+            {"count": 2, "helper": {"nodes": 1, "command": "h"}},
+            {"nodes": 1, "warm": True},
+            r"spares.warm.*\[replicas.helper\]",
+        ),
     ],
 )
 def test_spares_section(
@@ -260,7 +279,9 @@ def test_spares_section(
 ) -> None:
     data = dict(BASE, replicas=replicas, spares=spares)
     if error is None:
-        assert parse_spec(data).spares.nodes == spares.get("nodes", 0)
+        spec = parse_spec(data)
+        assert spec.spares.nodes == spares.get("nodes", 0)
+        assert spec.spares.warm is spares.get("warm", False)
     else:
         with pytest.raises(InputError, match=error):
             parse_spec(data)

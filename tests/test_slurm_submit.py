@@ -295,13 +295,13 @@ def test_spec_json_of_a_spec_with_a_helper_reads_back(tmp_path: Path) -> None:
     assert data is not None and data["replicas"]["helper"]["partition"] is None
 
 
-def _spares_spec(tmp_path: Path, nodes: int, **replicas: object) -> object:
+def _spares_spec(tmp_path: Path, nodes: int, warm: bool = False, **replicas: object) -> object:
     return parse_spec(
         {
             "job": {"name": "u", "run_dir": str(tmp_path / "run"), "partition": "gpu"},
             "replicas": {"count": 2, "nodes": 2, "gpus_per_node": 8, "switches": 1, **replicas},
             "train": {"command": "python t.py"},
-            "spares": {"nodes": nodes},
+            "spares": {"nodes": nodes, "warm": warm},
         }
     )
 
@@ -331,6 +331,25 @@ def test_submit_queues_replica_shaped_slots_after_the_replicas(tmp_path: Path) -
     assert "#SBATCH --job-name=u-spare" in script and "singleton" not in script
     assert "-m runtime.control.spares agent --run-dir" in script
     assert cancel_run(record, backend) == ["102", "103", "104", "105", "101"]
+
+
+def test_a_warm_slot_starts_the_replicas_step_without_a_replica_id(tmp_path: Path) -> None:
+    from submit_harness import RecordingBackend
+
+    from slurm.submit import submit_run
+
+    submit_run(_spares_spec(tmp_path, 2, warm=True), RecordingBackend())  # type: ignore[arg-type]
+    run = tmp_path / "run"
+    script = (run / "spare.sbatch").read_text()
+    replica = (run / "replica-00.sbatch").read_text()
+    step = replica.split(" -- srun ", 1)[1].split(" || ", 1)[0]
+    assert "--nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 bash -c 'python t.py'" in step
+    assert f"-m runtime.control.spares agent --run-dir {run} --warm -- srun {step}" in script
+    assert "FTHSDP_REPLICA_ID" in replica and "FTHSDP_REPLICA_ID" not in script
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    submit_run(_spares_spec(cold, 2), RecordingBackend())  # type: ignore[arg-type]
+    assert "--warm" not in (cold / "run" / "spare.sbatch").read_text()
 
 
 def test_a_run_without_spares_leaves_no_pool_file(tmp_path: Path) -> None:

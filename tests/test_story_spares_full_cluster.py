@@ -28,7 +28,7 @@ import os
 import pwd
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,21 @@ def steady(env: SiteUser, run_dir: Path, ready: Any, timeout: float = 300) -> di
         ):
             return b
         assert time.monotonic() < deadline, f"never steady: {json.dumps(b)[-2000:]}"
+
+
+def advancing_in(slot: str, replica: int = 1) -> Callable[[dict[str, Any]], bool]:
+    """A status predicate: `replica` runs in the slot job `slot` and its step has risen since
+    it was first seen there (it participates)."""
+    first: list[int] = []
+
+    def advancing(d: dict[str, Any]) -> bool:
+        r = reps(d)[replica]
+        if r["job_id"] != slot or r["state"] not in ("training", "healing"):
+            return False
+        first.append(r["step"] or 0)
+        return (r["step"] or 0) > first[0]
+
+    return advancing
 
 
 def reps(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -221,16 +236,9 @@ def _run(cfg: DevClusterConfig, user: SiteUser, name: str, spares: int) -> dict[
             out["fault_at"] = time.time()
             if spares:
                 slot = out["slot"] = before["spares"]["slots"][0]["job_id"]
-                first: list[int] = []
-
-                def advancing(d: dict[str, Any]) -> bool:
-                    r = reps(d)[1]
-                    if r["job_id"] != slot or r["state"] not in ("training", "healing"):
-                        return False
-                    first.append(r["step"] or 0)
-                    return (r["step"] or 0) > first[0]
-
-                after = wait_status(env, run_dir, advancing, 90, "replica 1 on the spare", 0.3)
+                after = wait_status(
+                    env, run_dir, advancing_in(slot), 90, "replica 1 on the spare", 0.3
+                )
                 out["fault_to_participating_s"] = time.monotonic() - t_fault
                 r1 = reps(after)[1]
                 assert r1["nodes"] == before["spares"]["slots"][0]["nodes"], r1

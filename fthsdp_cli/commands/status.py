@@ -155,6 +155,8 @@ def spare_lines(pool: dict[str, Any] | None) -> list[str]:
     ]
     for s in pool["slots"]:
         use = f"replica {s['replica']}" if s["replica"] is not None else "idle"
+        if s.get("warm") and s["replica"] is None:
+            use += " (warm: its processes wait, model built)"
         bad = f" ({','.join(s['bad_nodes'])} failed a check)" if s["bad_nodes"] else ""
         nodes = ",".join(s["nodes"]) or "-"
         lines.append(

@@ -33,6 +33,7 @@ from runtime.control.spare_slots import (
     plan_upkeep,
     pool_summary,
 )
+from runtime.warm_handoff import handoff_path, read_ready
 from slurm.backend import SlurmBackend, SlurmCommandError
 from slurm.errors import EnvironmentProblem, InputError
 from slurm.hostlist import job_nodes
@@ -194,7 +195,12 @@ class SpareManager:
     def summary(self) -> dict[str, Any]:
         """The pool for `/v1/state` (the last views read; no Slurm call on a status request)."""
         try:
-            return pool_summary(self.pool(), self._last_views)
+            pool = self.pool()
+            warm = {
+                s.job_id: read_ready(handoff_path(self.run_dir, s.job_id)) is not None
+                for s in pool.slots
+            }
+            return pool_summary(pool, self._last_views, warm)
         except (PoolFileError, EnvironmentProblem) as exc:
             return {"error": str(exc)}
 

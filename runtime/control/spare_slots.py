@@ -90,8 +90,11 @@ def assign(pool: Pool, slot: Slot, replica: int, script: str, from_job: str,
     return replace(pool, slots=slots, moves=(*pool.moves, move)[-HISTORY:])
 
 
-def pool_summary(pool: Pool, views: Mapping[str, SlotView]) -> dict[str, Any]:
-    """What `fthsdp status` shows: each slot's job, state, nodes, health and replica."""
+def pool_summary(
+    pool: Pool, views: Mapping[str, SlotView], warm: Mapping[str, bool] | None = None
+) -> dict[str, Any]:
+    """What `fthsdp status` shows: each slot's job, state, nodes, health and replica, and
+    whether its processes are warm (`warm`: a warm slot's step waits for a replica)."""
     rows = []
     for s in pool.slots:
         v = views.get(s.job_id)
@@ -103,6 +106,7 @@ def pool_summary(pool: Pool, views: Mapping[str, SlotView]) -> dict[str, Any]:
                 "health": ("unknown" if v is None else "bad" if v.bad_nodes else "ok"),
                 "bad_nodes": list(v.bad_nodes) if v else [],
                 "replica": s.replica,
+                "warm": bool(warm and warm.get(s.job_id)),
             }
         )
     idle = sum(

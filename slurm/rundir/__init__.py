@@ -57,6 +57,7 @@ from slurm.rundir.paths import (
     SPARE_SCRIPT,
     SPARES_FILE,
     SPEC_FILE,
+    WARM_DIR,
     write_private,
 )
 from slurm.rundir.secret import create_secret, read_secret
@@ -90,6 +91,7 @@ __all__ = [
     "SPARE_SCRIPT",
     "SPEC_FILE",
     "TERMINAL_STATES",
+    "WARM_DIR",
     "ControlFile",
     "Fallback",
     "JobRecord",

@@ -19,7 +19,14 @@ from pathlib import Path
 from slurm.backend import SlurmBackend
 from slurm.errors import InputError
 from slurm.rundir.jobs import live_jobs, read_run
-from slurm.rundir.paths import ARCHIVE_DIR, CONTROL_FILE, JOBS_FILE, LOG_DIR, RUN_DIR_MODE
+from slurm.rundir.paths import (
+    ARCHIVE_DIR,
+    CONTROL_FILE,
+    JOBS_FILE,
+    LOG_DIR,
+    RUN_DIR_MODE,
+    WARM_DIR,
+)
 from slurm.rundir.spares import PoolFileError, read_pool
 
 #: What a run leaves in its directory besides its scripts, spec.json and secret (which a new
@@ -37,6 +44,7 @@ RUN_STATE = (
     "final",
     "checkpoints",
     "rendezvous",
+    WARM_DIR,
     LOG_DIR,
 )
 

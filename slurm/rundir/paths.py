@@ -25,6 +25,9 @@ LOG_DIR = "logs"
 #: The spare slot script and the hot-spare pool file (`spares.Pool`).
 SPARE_SCRIPT = "spare.sbatch"
 SPARES_FILE = "spares.json"
+#: Warm slots' handoff files: `warm/<slot job>.json` names the replica a warm slot becomes
+#: (written by its supervisor), `warm/<slot job>.ready` says its process is warm (its leader).
+WARM_DIR = "warm"
 #: Where `submit --force` moves an earlier run's state (`archive.archive_state`).
 ARCHIVE_DIR = "archive"
 #: The run directory and logs/: the owner only (the run's key and state live there).

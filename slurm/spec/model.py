@@ -533,9 +533,15 @@ class SparesSection:
     #: Spare nodes held; 0 = none (a node fault requeues the replica's job). A multiple of
     #: `replicas.nodes`: a replacement takes a whole replica's worth of nodes.
     nodes: int = 0
+    #: Each slot runs the training command ahead of a fault: started, imported, its model built
+    #: and its node checked, waiting for a replica's identity (docs/control-plane.md, "Warm
+    #: spares").
+    warm: bool = False
 
     def __post_init__(self) -> None:
         check_positive("spares.nodes", self.nodes, minimum=0)
+        if self.warm and not self.nodes:
+            raise InputError("spares.warm", True, "false when spares.nodes = 0 (no slot to warm)")
 
 
 @dataclass(frozen=True)
@@ -568,6 +574,17 @@ class JobSpec:
                 "spares.nodes",
                 self.spares.nodes,
                 "0 with a per-replica constraint list (a spare must fit every replica)",
+            )
+        if self.spares.warm and self.train.mode != "fthsdp":
+            raise InputError(
+                "spares.warm",
+                True,
+                f'false with train.mode = "{self.train.mode}" (only the fthsdp API can wait for a '
+                "replica's identity)",
+            )
+        if self.spares.warm and self.replicas.helper is not None:
+            raise InputError(
+                "spares.warm", True, "false with a [replicas.helper] component (not kept warm)"
             )
 
     @property

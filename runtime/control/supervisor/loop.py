@@ -24,6 +24,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from runtime.control.lighthouse_forwarder import ForwarderThread, LighthouseForwarder
@@ -37,11 +39,21 @@ from runtime.control.supervisor.coordinator_link import CoordinatorLink, FailedS
 from runtime.control.supervisor.exits import EXIT_FOR_REQUEUE, EXIT_NO_CONTROL_PLANE
 from runtime.control.supervisor.torchft_mode import ForeignSteps
 from runtime.protocol import ExitCode, replica_key_id
+from runtime.warm_handoff import Handoff, write_handoff
 from slurm import contract
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.rundir import read_secret
 
 log = logging.getLogger("fthsdp.supervisor")
+
+
+@dataclass
+class WarmStep:
+    """A warm spare slot's step, already running and waiting for `handoff` to name its replica:
+    the supervisor's first launch adopts it instead of starting one."""
+
+    child: subprocess.Popen[bytes]
+    handoff: Path
 
 
 class Supervisor:
@@ -50,8 +62,10 @@ class Supervisor:
         config: SupervisorConfig,
         backend: SlurmBackend | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        warm: WarmStep | None = None,
     ) -> None:
         self.config = config
+        self.warm = warm
         self.backend = backend or make_backend()
         self.sleep = sleep
         self.launch = 0
@@ -107,6 +121,7 @@ class Supervisor:
         env.update(
             {
                 contract.REPLICA: str(c.replica),
+                contract.REPLICA_ID: str(c.replica),
                 contract.RUN_DIR: str(c.run_dir),
                 contract.LAUNCH: str(self.launch),
                 contract.INCARNATION: self.incarnation(),
@@ -114,10 +129,28 @@ class Supervisor:
         )
         if self.forwarder is not None:
             env[contract.LIGHTHOUSE_FORWARDER] = self.forwarder.forwarder.url
+        if self.warm is not None:
+            return self._adopt_warm(env)
         if c.mode == "torchft":
             return self.foreign.run(env, self.launch, self.incarnation(), self._started)
         self.child = subprocess.Popen(c.command, env=env)
         return self.child.wait()
+
+    def _adopt_warm(self, env: dict[str, str]) -> int:
+        """Name the warm step's replica in its handoff file and wait for it like a launch."""
+        warm, self.warm = self.warm, None
+        assert warm is not None
+        handoff = Handoff(
+            self.config.replica,
+            self.launch,
+            env[contract.INCARNATION],
+            env.get(contract.LIGHTHOUSE_FORWARDER),
+        )
+        if warm.child.poll() is None:
+            write_handoff(warm.handoff, handoff)
+            log.info("replica %d takes over the warm step in this slot", self.config.replica)
+        self.child = warm.child
+        return warm.child.wait()
 
     def decide(self, code: int) -> tuple[str, float]:
         """Report the failed step and get a directive; `requeue-self` if the coordinator is away."""
