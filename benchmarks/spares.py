@@ -18,9 +18,7 @@ benchmarks/figures/spares.json.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import user_harness  # noqa: E402
 from test_story_spares_full_cluster import _run  # noqa: E402
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
-from prolog_epilog import dev_health  # noqa: E402
+from benchmarks.site_cluster import site_cluster  # noqa: E402
 from runtime.control.journal.store import Journal  # noqa: E402
 from slurm import devcluster  # noqa: E402
 
@@ -69,12 +68,13 @@ def phases(run_dir: Path, fault_at: float, slot: str) -> dict[str, float]:
     }
 
 
-def one(cfg: devcluster.DevClusterConfig, spares: int, n: list[int]) -> dict[str, Any]:
+def one(cfg: devcluster.DevClusterConfig, user: user_harness.SiteUser, spares: int,
+        n: list[int]) -> dict[str, Any]:  # fmt: skip
     n[0] += 1
-    work = cfg.directory.parent / f"run-{n[0]}"
-    out = _run(cfg, work, f"bench{n[0]}", spares)
+    name = f"bench{n[0]}"
+    out = _run(cfg, user, name, spares)
     if spares:
-        out.update(phases(work / "run", out["fault_at"], out["slot"]))
+        out.update(phases(user.home / name / "run", out["fault_at"], out["slot"]))
     print("spare" if spares else "none", json.dumps(out), flush=True)
     return out
 
@@ -91,19 +91,15 @@ def main() -> None:
         "queue (watched 60 s). Interleaved, one cluster for all runs.",
         repeats,
     )
-    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-spares-") as tmp:
-        base = devcluster.free_port_block(6, start=25000 + (os.getpid() % 100) * 10)
-        cfg = dev_health.with_health(
-            devcluster.DevClusterConfig(
-                directory=Path(tmp) / "cluster", ctld_port=base, slurmd_base_port=base + 1
-            )
+    with site_cluster("fthsdp-bench-spares-") as (cluster, user):
+        n = [0]
+        got = interleave(
+            {
+                "spare": lambda: one(cluster, user, 1, n),
+                "none": lambda: one(cluster, user, 0, n),
+            },
+            repeats,
         )
-        with devcluster.running_cluster(cfg) as running:
-            os.environ["SLURM_CONF"] = str(running.conf_path)
-            n = [0]
-            got = interleave(
-                {"spare": lambda: one(running, 1, n), "none": lambda: one(running, 0, n)}, repeats
-            )
     labels = {
         "detect_s": "detect (injection → fatal report)",
         "move_s": "move into the slot (report → journaled)",

@@ -85,3 +85,11 @@ def test_assign_records_the_move_and_the_file_round_trips(tmp_path: Path) -> Non
     assert read_pool(tmp_path) == pool
     summary = pool_summary(pool, {"11": view("11")})
     assert (summary["idle"], summary["in_use"], summary["slots"][0]["replica"]) == (0, 1, 1)
+
+
+def test_the_summary_says_which_slots_are_warm() -> None:
+    pool = Pool(2, (IDLE, IDLE2))
+    views = {"11": view("11"), "12": view("12")}
+    rows = pool_summary(pool, views, {"11": True})["slots"]
+    assert [r["warm"] for r in rows] == [True, False]
+    assert [r["warm"] for r in pool_summary(pool, views)["slots"]] == [False, False]
