@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -25,7 +27,24 @@ def site_cluster(
     prefix: str,
 ) -> Iterator[tuple[devcluster.DevClusterConfig, user_harness.SiteUser]]:
     """(the running cluster, the job user in a folder of their own); root's `SLURM_CONF` names
-    the cluster for the block (the operator's side: injecting faults)."""
+    the cluster for the block (the operator's side: injecting faults). A SIGTERM ends the block
+    like an error, so the cluster and its jobs are stopped, not left running."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with _site_cluster(prefix) as found:
+            yield found
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _site_cluster(
+    prefix: str,
+) -> Iterator[tuple[devcluster.DevClusterConfig, user_harness.SiteUser]]:
     user_harness.ensure_user(user_harness.JOB_USER)
     install = site_install_module.ensure()
     _share_simulated_tools(install)
