@@ -1,6 +1,7 @@
-"""The warm slot's agent without Slurm: a warm step that dies before any replica is assigned
-fails the slot (the pool replaces it), a slot the pool dropped stops its waiting step, and
-stale handoff files of an earlier start of the slot job are gone before the step starts."""
+"""The warm slot's agent without Slurm: a warm step whose node fails its check before any
+replica is assigned fails the slot (the pool replaces it), one that crashes otherwise leaves the
+slot waiting cold, a slot the pool dropped stops its waiting step, and stale handoff files of an
+earlier start of the slot job are gone before the step starts."""
 
 from __future__ import annotations
 
@@ -30,13 +31,33 @@ def test_a_warm_step_that_dies_unassigned_fails_the_slot(
     handoff = handoff_path(run, "77")
     write_handoff(handoff, Handoff(0, 0, "old.0.0"))  # an earlier start of this slot job
     ready_path(handoff).write_text("{}")
-    step = "import os, sys; print('warming', os.path.exists(sys.argv[1])); sys.exit(3)"
+    step = "import os, sys; print('warming', os.path.exists(sys.argv[1])); sys.exit(11)"
     code = warm_agent(run, "77", [sys.executable, "-c", step, str(handoff)], poll_s=0.01)
     assert code == 1
     out, err = capfd.readouterr()
     assert "warming False" in out  # its output came through, and no stale handoff was there
-    assert "the warm step ended (3) before a replica came: leaving" in err
+    assert "the warm step ended (11) before a replica came: leaving" in err
+    assert "the node failed its check: the pool replaces this slot" in err
     assert not ready_path(handoff).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_step_that_crashes_leaves_the_slot_waiting_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import runtime.control.spares as spares
+
+    run = _run_dir(tmp_path, "77")
+    cold: list[str] = []
+
+    def waits_cold(run_dir: Path, job_id: str, **_: float) -> int:
+        cold.append(job_id)
+        return 7
+
+    monkeypatch.setattr(spares, "agent", waits_cold)
+    code = warm_agent(run, "77", [sys.executable, "-c", "raise SystemExit(3)"], poll_s=0.01)
+    assert (code, cold) == (7, ["77"])
+    assert "this slot waits cold from now on" in capfd.readouterr().err
 
 
 @pytest.mark.timeout(60)

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from runtime.protocol import ExitCode
 from slurm import contract
 from slurm.backend import SlurmBackend, SlurmCommandError, make_backend
 from slurm.errors import EnvironmentProblem, InputError
@@ -125,9 +126,10 @@ def warm_agent(run_dir: Path, job_id: str, command: list[str], poll_s: float = 0
     assigns a replica, supervise that step as the replica's (`runtime.warm_handoff`).
 
     The step's output is copied through this process, so that it goes to the slot's log while
-    it waits and to the replica's logs once it is that replica. A step that ends before any
-    assignment (it crashed, or its node failed the check) ends the slot: the coordinator's
-    upkeep forgets it and queues a refill, as for a cold slot that ended."""
+    it waits and to the replica's logs once it is that replica. A step whose node fails its
+    check before any assignment ends the slot: the coordinator's upkeep forgets it and queues a
+    refill, whose Prolog keeps it off that node. A step that fails otherwise leaves the slot
+    waiting cold, as `agent` does: a refill would run the same failing script again."""
     from runtime.control.supervisor.config import SupervisorConfig
     from runtime.control.supervisor.loop import Supervisor, WarmStep
     from runtime.warm_handoff import handoff_path, ready_path
@@ -162,7 +164,18 @@ def warm_agent(run_dir: Path, job_id: str, command: list[str], poll_s: float = 0
     try:
         slot = wait.until_assigned(poll_s, ended)
         if isinstance(slot, int):
-            return 1 if child.poll() else slot  # a failed warm step fails the slot
+            code = child.poll()
+            if code is None:  # left for the slot's own reasons (control job ended, unlisted)
+                return slot
+            if code == ExitCode.NODE_FAULT:
+                print("fthsdp spare: the node failed its check: the pool replaces this slot",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            # Anything else (the training script crashed while warm) would crash in a refill
+            # too: the slot stays, cold, rather than churn through slot jobs.
+            print("fthsdp spare: this slot waits cold from now on", file=sys.stderr)
+            return agent(run_dir, job_id, control_every_s=control_every_s,
+                         unlisted_grace_s=unlisted_grace_s)  # fmt: skip
         signal.signal(signal.SIGTERM, previous)
         assert slot.replica is not None and slot.script is not None
         _switch_logs(run_dir, slot.script, job_id, f"replica {slot.replica} takes the warm step")
