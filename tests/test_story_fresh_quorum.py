@@ -158,6 +158,11 @@ def test_a_fresh_quorum_waits_for_the_live_replica_instead_of_restoring(tmp_path
         # slow start on a loaded machine: past it replica 0 exits (a process fault), its state is
         # lost for real, and restoring the checkpoint is then right.
         timeouts=Timeouts(heartbeat_s=2.0, allreduce_s=5.0, quorum_s=40.0, join_s=60.0),
+        # The pair restarts only once the Lighthouse has forgotten its killed incarnations
+        # (heartbeat 2 s): a fresh pair heartbeating before that keeps replica 0's quorum
+        # waiting for it, so replica 0 cannot commit before the pair's first quorum (the race
+        # this test must not depend on).
+        restart_delay_s=2.5,
         run_timeout_s=360,
         extra_env={
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
