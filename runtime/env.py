@@ -31,12 +31,6 @@ from runtime.sim.reliability import RunFailureModel
 from slurm import contract
 from slurm.rundir import RunFileError, read_control_file
 
-#: Default timeouts (seconds), also the spec's `[train]` defaults.
-DEFAULT_HEARTBEAT_S = 2.0
-DEFAULT_ALLREDUCE_S = 5.0
-DEFAULT_QUORUM_S = 10.0
-DEFAULT_JOIN_S = 60.0
-DEFAULT_CONTROL_WAIT_S = contract.DEFAULT_CONTROL_WAIT_S
 #: Base of the rendezvous port derived from a Slurm job id.
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 20000
@@ -56,13 +50,13 @@ class EnvError(ValueError):
 
 @dataclass(frozen=True)
 class Timeouts:
-    heartbeat_s: float = DEFAULT_HEARTBEAT_S
-    allreduce_s: float = DEFAULT_ALLREDUCE_S
-    quorum_s: float = DEFAULT_QUORUM_S
-    join_s: float = DEFAULT_JOIN_S
+    heartbeat_s: float = contract.DEFAULT_HEARTBEAT_TIMEOUT_S
+    allreduce_s: float = contract.DEFAULT_ALLREDUCE_TIMEOUT_S
+    quorum_s: float = contract.DEFAULT_QUORUM_TIMEOUT_S
+    join_s: float = contract.DEFAULT_JOIN_TIMEOUT_S
     #: How long a worker waits out a control-plane outage after a failed quorum, its model and
     #: optimizer in memory (at least `join_s`).
-    control_s: float = DEFAULT_CONTROL_WAIT_S
+    control_s: float = contract.DEFAULT_CONTROL_WAIT_S
 
     def problem(self) -> str | None:
         """Why heartbeat < allreduce < quorum < join <= control does not hold (None if it does)."""
@@ -283,11 +277,11 @@ def parse_env(env: Mapping[str, str]) -> WorkerEnv:
             contract.MIN_REPLICAS, env[contract.MIN_REPLICAS], f"must be <= {num} replicas"
         )
     timeouts = Timeouts(
-        heartbeat_s=_float(env, contract.HEARTBEAT_TIMEOUT_S, DEFAULT_HEARTBEAT_S),
-        allreduce_s=_float(env, contract.ALLREDUCE_TIMEOUT_S, DEFAULT_ALLREDUCE_S),
-        quorum_s=_float(env, contract.QUORUM_TIMEOUT_S, DEFAULT_QUORUM_S),
-        join_s=_float(env, contract.JOIN_TIMEOUT_S, DEFAULT_JOIN_S),
-        control_s=_float(env, contract.CONTROL_WAIT_S, DEFAULT_CONTROL_WAIT_S),
+        heartbeat_s=_float(env, contract.HEARTBEAT_TIMEOUT_S, contract.DEFAULT_HEARTBEAT_TIMEOUT_S),
+        allreduce_s=_float(env, contract.ALLREDUCE_TIMEOUT_S, contract.DEFAULT_ALLREDUCE_TIMEOUT_S),
+        quorum_s=_float(env, contract.QUORUM_TIMEOUT_S, contract.DEFAULT_QUORUM_TIMEOUT_S),
+        join_s=_float(env, contract.JOIN_TIMEOUT_S, contract.DEFAULT_JOIN_TIMEOUT_S),
+        control_s=_float(env, contract.CONTROL_WAIT_S, contract.DEFAULT_CONTROL_WAIT_S),
     )
     if timeouts.control_s < timeouts.join_s:
         raise EnvError(

@@ -32,6 +32,13 @@ JOIN_TIMEOUT_S = "FTHSDP_JOIN_TIMEOUT_S"
 CONTROL_WAIT_S = "FTHSDP_CONTROL_WAIT_S"
 #: Its default (seconds): a requeue of the control job on a busy cluster.
 DEFAULT_CONTROL_WAIT_S = 300.0
+#: The `[train]` timeouts' defaults (seconds), for the spec, the workers and the Lighthouse alike.
+#: The heartbeat timeout is how long the Lighthouse keeps a silent replica in the quorum: it
+#: bounds the healthy replicas' stall after a peer's process dies.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
+DEFAULT_ALLREDUCE_TIMEOUT_S = 5.0
+DEFAULT_QUORUM_TIMEOUT_S = 10.0
+DEFAULT_JOIN_TIMEOUT_S = 60.0
 CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
 CHECKPOINT_EVERY_S = "FTHSDP_CHECKPOINT_EVERY_S"
 #: `FTHSDP_CHECKPOINT_EVERY_S` for the Young/Daly cadence.

@@ -71,7 +71,7 @@ class LighthouseConfig:
     host: str
     port: int = 0
     min_replicas: int = 1
-    heartbeat_timeout_ms: int = 2000
+    heartbeat_timeout_ms: int = int(contract.DEFAULT_HEARTBEAT_TIMEOUT_S * 1000)
     join_timeout_ms: int = 10000
     quorum_tick_ms: int = 100
     #: Seconds the Lighthouse may take to listen (it imports torch), all attempts together.

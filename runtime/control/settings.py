@@ -17,6 +17,7 @@ from runtime.control.guard import GuardConfig
 from runtime.control.policy import PolicyConfig
 from runtime.control.straggler.detect import StragglerConfig
 from runtime.control.straggler.evict import EvictionConfig
+from slurm import contract
 from slurm.errors import InputError
 from slurm.privileges import check_setting
 from slurm.rundir import read_job_ids, read_json, read_spec_data
@@ -61,7 +62,7 @@ class CoordinatorConfig:
 class RunSettings:
     policy: PolicyConfig
     job_ids: dict[int, str]
-    heartbeat_timeout_ms: int = 2000
+    heartbeat_timeout_ms: int = int(contract.DEFAULT_HEARTBEAT_TIMEOUT_S * 1000)
     join_timeout_ms: int = 60000
     total_steps: int | None = None
     straggler: StragglerConfig = field(default_factory=StragglerConfig)

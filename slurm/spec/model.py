@@ -367,10 +367,10 @@ class TrainSection:
     min_replicas: int = 1
     max_restarts_per_replica: int = 3
     restart_window_s: float = 3600
-    heartbeat_timeout_s: float = 2
-    allreduce_timeout_s: float = 5
-    quorum_timeout_s: float = 10
-    join_timeout_s: float = 60
+    heartbeat_timeout_s: float = contract.DEFAULT_HEARTBEAT_TIMEOUT_S
+    allreduce_timeout_s: float = contract.DEFAULT_ALLREDUCE_TIMEOUT_S
+    quorum_timeout_s: float = contract.DEFAULT_QUORUM_TIMEOUT_S
+    join_timeout_s: float = contract.DEFAULT_JOIN_TIMEOUT_S
     #: How long a replica waits out an outage of the run's control plane (its node lost, the
     #: control job requeued and pending) with its model in memory; unset means
     #: `contract.DEFAULT_CONTROL_WAIT_S`, or the join timeout if longer.
