@@ -78,10 +78,13 @@ def machine_speed_ms() -> float:
 class Run:
     """One benchmark run: provenance at the start, load average at both ends, JSON at the end."""
 
-    def __init__(self, name: str, title: str, setup: str, repeats: int) -> None:
+    def __init__(
+        self, name: str, title: str, setup: str, repeats: int, script: str | None = None
+    ) -> None:
         if repeats < 1:
             raise SystemExit(f"{name}: --repeat must be >= 1, got {repeats}")
         self.name = name
+        self.script = script or f"benchmarks/{name}.py"
         self.title = title
         self.setup = setup
         self.repeats = repeats
@@ -119,7 +122,7 @@ class Run:
         data = {
             "name": self.name,
             "title": self.title,
-            "script": f"benchmarks/{self.name}.py",
+            "script": self.script,
             "setup": self.setup,
             "repeats": self.repeats,
             "provenance": {

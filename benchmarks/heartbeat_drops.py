@@ -8,7 +8,9 @@ share this machine's two cores. This runs fault-free jobs on the dev cluster wit
 beside them and counts what no kill explains: steps committed by fewer than every replica, steps
 aborted, and heals after a replica's first join. Two heartbeat timeouts, interleaved.
 
-    python benchmarks/heartbeat_drops.py [--repeat N] [--burners N] [--steps N]
+    python benchmarks/heartbeat_drops.py [--repeat N] [--burners N] [--steps N] [--name NAME]
+
+`--name` keeps a second set of figures beside the first (the same jobs under more burners).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,16 +90,38 @@ def count(evs: dict[int, list[dict[str, Any]]]) -> dict[str, int]:
     }
 
 
+class LoadSampler:
+    """The 1-minute load average, once every few seconds, in a thread: the load the runs saw,
+    not only the load at the ends of the benchmark."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def one(root: Path, heartbeat_s: float, steps: int) -> dict[str, Any]:
     """One fault-free job set on the running cluster (`SLURM_CONF` names it)."""
     work = Path(tempfile.mkdtemp(prefix=f"hb{heartbeat_s:g}-", dir=root))
     work.chmod(0o755)
     spec, run_dir = write_spec(work, steps=steps, name=f"hb{int(heartbeat_s * 1000)}")
-    spec.write_text(
-        spec.read_text().replace(
-            "heartbeat_timeout_s = 2\n", f"heartbeat_timeout_s = {heartbeat_s:g}\n"
-        )
-    )
+    line = f"heartbeat_timeout_s = {heartbeat_s:g}"
+    text, n = re.subn(r"(?m)^heartbeat_timeout_s = .*$", line, spec.read_text())
+    if n != 1:
+        raise SystemExit(f"heartbeat_drops: {spec} has {n} heartbeat_timeout_s lines, not 1")
+    spec.write_text(text)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TINY_STEP_SLEEP_S="0.1")
     fthsdp(env, "submit", str(spec))
     t0 = time.monotonic()
@@ -114,6 +141,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--burners", type=int, default=2, help="busy loops beside the jobs")
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--name", default="heartbeat_drops", help="the figures' name")
     args = parser.parse_args()
     if args.repeat < 1 or args.burners < 0 or args.steps < 10:
         raise SystemExit("heartbeat_drops: --repeat >= 1, --burners >= 0, --steps >= 10")
@@ -126,7 +154,7 @@ def main() -> int:
         )
     )
     run = Run(
-        "heartbeat_drops",
+        args.name,
         "Live replicas dropped by a short heartbeat timeout, loaded dev cluster",
         f"The dev cluster (4 nodes, health-gated), {REPLICAS} replicas x 1 rank of "
         f"`examples/train_tiny.py` (0.1 s of sleep per step) + the control job, submitted by "
@@ -135,13 +163,14 @@ def main() -> int:
         "gate. Lighthouse heartbeat timeouts "
         f"{', '.join(f'{h:g} s' for h in HEARTBEATS_S)}, runs interleaved, one job set at a time.",
         args.repeat,
+        script="benchmarks/heartbeat_drops.py",
     )
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
         for _ in range(args.burners)
     ]
     try:
-        with devcluster.running_cluster(cfg) as running:
+        with LoadSampler() as load, devcluster.running_cluster(cfg) as running:
             os.environ["SLURM_CONF"] = str(running.conf_path)
             configs = {
                 f"heartbeat {hb:g} s": (lambda hb=hb: one(root, hb, args.steps))
@@ -160,7 +189,13 @@ def main() -> int:
             f"- {name}: {sum(r['ok'] for r in runs)} of {len(runs)} runs finished all "
             f"{args.steps} steps."
         )
+    if load.samples:
+        run.notes.append(
+            f"- 1-minute load average during the runs (every 5 s, {len(load.samples)} samples): "
+            f"median {statistics.median(load.samples):.1f}, max {max(load.samples):.1f}."
+        )
     run.extra["runs"] = got
+    run.extra["loadavg_1min_samples"] = [round(x, 2) for x in load.samples]
     run.write()
     return 0
 
