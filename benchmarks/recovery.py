@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 from benchmarks.harness import Run, interleave, repeats_arg  # noqa: E402
+from slurm import contract  # noqa: E402
 
 STEPS = int(os.environ.get("BENCH_STEPS", "80"))
 KILL_AT = 20
@@ -143,7 +144,9 @@ def main() -> None:
         "Recovery from one failure",
         f"3 replicas × 1 rank of `examples/train_tiny.py` ({SLEEP} s of work per step), "
         f"{STEPS} steps; replica 2 killed with SIGKILL at step {KILL_AT} and restarted at once. "
-        "FT-HSDP with fthsdp's timeouts and with torchft's defaults, and a synchronous job "
+        "FT-HSDP with fthsdp's default timeouts (heartbeat "
+        f"{contract.DEFAULT_HEARTBEAT_TIMEOUT_S:g} s) and with torchft's (heartbeat 5 s, 60 s for "
+        "the others), and a synchronous job "
         f"(static HSDP, checkpoint every {CKPT_EVERY} steps: kill → restart every rank from the "
         "last checkpoint). The three configurations run interleaved; the ETTR ratio is taken "
         "within one repeat.",

@@ -11,8 +11,9 @@ Each kill is told apart by what the survivors saw: nothing (they committed the s
 dead replica's slot and the next quorum left it out once its heartbeat expired), an aborted
 step whose allreduce failed at once (the dead process's sockets were reset), or one that waited
 out a timeout (the dead replica was in a quorum whose process group it never joined). Two
-Lighthouse heartbeat timeouts run interleaved, `--repeat` runs each (default 5): fthsdp's
-default and a short one, with the aborts a short one causes when no replica died.
+Lighthouse heartbeat timeouts run interleaved, `--repeat` runs each (default 5): 2 s
+(fthsdp's default until 2026-12) and 0.5 s (its default since), with the aborts a short one causes
+when no replica died.
 
     python benchmarks/survivor_stall.py [--kills N] [--repeat N]
 """
@@ -40,7 +41,7 @@ STEP_SLEEP_S = 0.15
 SPACING = 50
 FIRST = 30
 JITTER_S = 0.2
-#: The Lighthouse heartbeat timeouts compared: fthsdp's default, and a short one.
+#: The Lighthouse heartbeat timeouts compared: the former default, and the current one.
 HEARTBEATS_S = (2.0, 0.5)
 
 

@@ -34,8 +34,10 @@ CONTROL_WAIT_S = "FTHSDP_CONTROL_WAIT_S"
 DEFAULT_CONTROL_WAIT_S = 300.0
 #: The `[train]` timeouts' defaults (seconds), for the spec, the workers and the Lighthouse alike.
 #: The heartbeat timeout is how long the Lighthouse keeps a silent replica in the quorum: it
-#: bounds the healthy replicas' stall after a peer's process dies.
-DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
+#: bounds the healthy replicas' stall after a peer's process dies, and a replacement's join. Five
+#: of the workers' 0.1 s heartbeats; none was missed at a load average of 16 on two cores
+#: (docs/benchmarks.md, `heartbeat_drops_loaded`).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 0.5
 DEFAULT_ALLREDUCE_TIMEOUT_S = 5.0
 DEFAULT_QUORUM_TIMEOUT_S = 10.0
 DEFAULT_JOIN_TIMEOUT_S = 60.0

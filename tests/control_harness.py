@@ -341,7 +341,7 @@ steps = {steps}
 # slower for a window. Runs about node faults only report stragglers; the straggler test evicts.
 straggler_mode = "{straggler_mode}"
 min_replicas = 2
-heartbeat_timeout_s = 2
+heartbeat_timeout_s = 0.5
 allreduce_timeout_s = 5
 quorum_timeout_s = 10
 join_timeout_s = 30

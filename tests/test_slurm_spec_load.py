@@ -34,7 +34,7 @@ def test_defaults_of_minimal_spec() -> None:
     assert spec.train.min_replicas == 1
     assert spec.train.max_restarts_per_replica == 3
     assert spec.train.restart_window_s == 3600
-    assert (spec.train.heartbeat_timeout_s, spec.train.allreduce_timeout_s) == (2, 5)
+    assert (spec.train.heartbeat_timeout_s, spec.train.allreduce_timeout_s) == (0.5, 5)
     assert (spec.train.quorum_timeout_s, spec.train.join_timeout_s) == (10, 60)
     assert (spec.train.control_wait_s, spec.train.control_wait_in_effect_s) == (None, 300)
     assert (spec.train.checkpoint_every_steps, spec.train.checkpoint_every_s) == (0, None)

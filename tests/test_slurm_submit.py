@@ -64,7 +64,7 @@ def test_submit_orders_jobs_and_records_them(tmp_path: Path) -> None:
     assert read_run(run) == record
     spec_json = json.loads((run / "spec.json").read_text())
     assert spec_json["replicas"]["count"] == 3
-    assert spec_json["train"]["heartbeat_timeout_s"] == 2
+    assert spec_json["train"]["heartbeat_timeout_s"] == 0.5
     secret = run / "secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert len(secret.read_text().strip()) == 64
