@@ -15,7 +15,7 @@ def test_env_local_launcher_contract() -> None:
     env = parse_env(BASE)
     assert (env.replica_id, env.num_replicas, env.rank, env.world_size) == (1, 2, 1, 2)
     assert env.master_port == 29600 and not env.is_leader
-    assert env.timeouts == Timeouts(2.0, 5.0, 10.0, 60.0, 300.0)
+    assert env.timeouts == Timeouts(0.5, 5.0, 10.0, 60.0, 300.0)
     assert parse_env({**BASE, "FTHSDP_CONTROL_WAIT_S": "900"}).timeouts.control_s == 900.0
 
 
@@ -65,7 +65,7 @@ def test_env_slurm_ranks_and_rendezvous() -> None:
         ({"RANK": "2"}, "RANK"),
         ({"MASTER_PORT": None}, "MASTER_PORT"),
         ({"FTHSDP_MIN_REPLICAS": "3"}, "FTHSDP_MIN_REPLICAS"),
-        ({"FTHSDP_ALLREDUCE_TIMEOUT_S": "1"}, "FTHSDP_ALLREDUCE_TIMEOUT_S"),
+        ({"FTHSDP_ALLREDUCE_TIMEOUT_S": "0.4"}, "FTHSDP_ALLREDUCE_TIMEOUT_S"),
         ({"FTHSDP_QUORUM_TIMEOUT_S": "4"}, "FTHSDP_ALLREDUCE_TIMEOUT_S"),
         ({"FTHSDP_HEALTH_CHECKS": "xid,nvlink"}, "FTHSDP_HEALTH_CHECKS"),
         ({"FTHSDP_CONTROL_WAIT_S": "30"}, "FTHSDP_CONTROL_WAIT_S"),
