@@ -89,6 +89,16 @@ class SlurmAwayOutput(SlurmOutputError):
     later releases exit 1 with "Unable to contact slurm controller". No verdict: `unreachable`."""
 
 
+class JobNotSettled(Exception):
+    """A requeued job still COMPLETING on its old nodes when `release` gave up waiting: the begin
+    time it was given is overwritten when the job completes (Slurm holds a requeued job back
+    ~120 s then, and again when the old node's Epilog fails), so the release is not done yet."""
+
+    def __init__(self, job_id: str, waited_s: float) -> None:
+        super().__init__(f"job {job_id} still completing on its old nodes after {waited_s:g} s")
+        self.job_id = job_id
+
+
 class NodeNotFound(SlurmOutputError):
     """Slurm's answer was read, and it holds no record of the node asked for."""
 

@@ -12,10 +12,13 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import pytest
+
+from runtime.control import executor as executor_module
 from runtime.control.executor import SlurmExecutor, unreachable
 from runtime.control.journal.schema import StoredAction
-from runtime.control.policy import Action, Requeue
-from slurm.records import JobInfo, NodeInfo, SlurmCommandError
+from runtime.control.policy import Action, Release, Requeue
+from slurm.records import JobInfo, JobNotSettled, NodeInfo, SlurmCommandError
 
 AWAY = "scontrol: error: Unable to contact slurm controller (connect failure)"
 
@@ -141,3 +144,40 @@ def test_a_requeue_slurm_made_itself_meanwhile_is_moot_only_once_read_so() -> No
     slurm = RequeuedMeanwhile(("RUNNING", 0))
     outcomes = carry(SlurmExecutor(slurm, retries=1, backoff_s=0.001), REQUEUE)
     assert outcomes[-1] == "failed", outcomes
+
+
+class StillCompleting(FlakySlurm):
+    """A requeued job whose old steps end late (slurmctld was away): `release` finds it still
+    COMPLETING for its first `late` calls, as `CommandBackend.release` reports it."""
+
+    def __init__(self, late: int) -> None:
+        super().__init__(away=0, state="PENDING")
+        self.late = late
+
+    def release(
+        self, job_id: str, exclude: Sequence[str] = (), *, forget: Sequence[str] = ()
+    ) -> None:
+        self._call("release")
+        if self.late > 0:
+            self.late -= 1
+            raise JobNotSettled(job_id, 30.0)
+
+
+def test_a_release_of_a_job_still_completing_is_not_done_until_it_settles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its begin time would be overwritten when the job completes (Slurm holds it back ~120 s):
+    # the release waits, using up no attempt, and is done only once made on the settled job.
+    monkeypatch.setattr(executor_module, "HOLD_POLL_S", 0.01)
+    slurm = StillCompleting(late=3)
+    details: list[tuple[str, str]] = []
+
+    async def record(_: int, outcome: str, detail: str) -> None:
+        details.append((outcome, detail))
+
+    action = StoredAction(3, 1, Release(1, "101", 0.0, ("node3",)), "decided", 0)
+    run = SlurmExecutor(slurm, retries=1, backoff_s=0.001).carry_out(action, False, record)
+    asyncio.run(asyncio.wait_for(run, 30))
+    assert [o for o, _ in details] == ["started", "retry", "done"], details
+    assert "still completing" in details[1][1]
+    assert slurm.calls == ["release"] * 4

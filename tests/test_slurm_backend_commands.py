@@ -18,7 +18,7 @@ import pytest
 from slurm.backend import CommandBackend, SlurmCommandError
 from slurm.backend.commands import WAIT_NOTICE_AFTER_S
 from slurm.errors import InputError
-from slurm.records import JobInfo, NodeInfo
+from slurm.records import JobInfo, JobNotSettled, NodeInfo
 
 
 def _script(tmp_path: Path, name: str, body: str) -> str:
@@ -237,3 +237,26 @@ def test_a_node_responds_unless_slurm_has_stopped_hearing_from_it(
     node: NodeInfo, responding: bool
 ) -> None:
     assert node.responding is responding
+
+
+class _CompletingBackend(CommandBackend):
+    """A requeued job that stays COMPLETING on its old node (its steps' ends held up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.argvs: list[list[str]] = []
+
+    def _run(self, argv: Sequence[str], retry: bool = True) -> str:
+        self.argvs.append(list(argv))
+        return "COMPLETING\n" if argv[0] == "squeue" else ""
+
+    def jobs(self, job_ids: Iterable[str] = (), name: str | None = None) -> list[JobInfo]:
+        return [JobInfo(j, "x", "PENDING", "", 1, "") for j in job_ids]
+
+
+def test_release_of_a_job_still_completing_is_sent_but_not_done() -> None:
+    backend = _CompletingBackend()
+    with pytest.raises(JobNotSettled, match="job 12 still completing"):
+        backend.release("12", settle=0.3)
+    # The begin time is asked for all the same; the caller tries again once the job settles.
+    assert ["scontrol", "update", "JobId=12", "StartTime=now+2"] in backend.argvs

@@ -47,6 +47,7 @@ from slurm.errors import EnvironmentProblem, InputError
 from slurm.privileges import DrainMode, lacks_rights
 from slurm.records import (
     JobInfo,
+    JobNotSettled,
     NodeInfo,
     SlurmOutputError,
     lead_record,
@@ -254,8 +255,12 @@ class SlurmExecutor:
                 raise
             return ("done", "requeued" + (" (after restart)" if resumed else ""))
         if isinstance(action, Release):
-            # The backend waits for the requeued job to settle back to PENDING first.
-            b.release(action.job_id, exclude=action.exclude, forget=action.forget)
+            # The backend waits for the requeued job to settle back to PENDING first; one still
+            # completing would have its begin time overwritten: not done, tried again.
+            try:
+                b.release(action.job_id, exclude=action.exclude, forget=action.forget)
+            except JobNotSettled as exc:
+                raise NotYet(f"{exc}: released again once it is back in the queue") from None
             excluded = f", off {','.join(action.exclude)}" if action.exclude else ""
             if action.forget:
                 excluded += f"; {','.join(action.forget)} let back if Slurm shows them in service"

@@ -26,6 +26,7 @@ from slurm.errors import InputError
 from slurm.records import (
     DRAIN_PREFIX,
     JobInfo,
+    JobNotSettled,
     NodeInfo,
     NodeNotFound,
     SlurmCommandError,
@@ -184,7 +185,9 @@ class CommandBackend:
         Right after `scontrol requeue` the job is still COMPLETING, and Slurm sets the
         held-back begin time only when it has completed: an update sent earlier is overwritten
         (seen on 22.05 with het jobs). So this waits (up to `settle` s) until every component is
-        back to PENDING, then sets the begin time, and repeats while a later one is in place.
+        back to PENDING, then sets the begin time, and repeats while a later one is in place. A
+        job still completing after `settle` s (its steps' ends held up, as after slurmctld was
+        away) gets the update all the same and raises `JobNotSettled`: the caller tries again.
 
         The begin time is now + `RELEASE_DELAY_S`, not now: slurmd revoked the old run's job
         credential when it was killed, and a restart in that same second is refused ("Killing
@@ -192,8 +195,10 @@ class CommandBackend:
         job instead of restarting it. The held-back ~120 s exists for this; 2 s suffice.
         """
         deadline = time.monotonic() + settle
-        while not self._settled(job_id) and time.monotonic() < deadline:
+        settled = self._settled(job_id)
+        while not settled and time.monotonic() < deadline:
             time.sleep(0.2)
+            settled = self._settled(job_id)
         if exclude or forget:
             self._exclude(job_id, exclude, forget)
         while True:
@@ -210,6 +215,8 @@ class CommandBackend:
         # A job requeued after a prolog failure may also be held; release is a no-op otherwise.
         with contextlib.suppress(SlurmCommandError):
             self._run(["scontrol", "release", job_id], retry=False)
+        if not settled:
+            raise JobNotSettled(job_id, settle)
 
     def _exclude(self, job_id: str, nodes: Sequence[str], forget: Sequence[str] = ()) -> None:
         """Add `nodes` to a pending job's ExcNodeList (Slurm accepts it only while pending) and

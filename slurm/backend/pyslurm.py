@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from slurm.backend.commands import RELEASE_DELAY_S, CommandBackend
-from slurm.records import SlurmCommandError
+from slurm.records import JobNotSettled, SlurmCommandError
 
 
 def _pyslurm() -> Any:
@@ -68,8 +68,10 @@ class PyslurmBackend(CommandBackend):
         update is overwritten when the requeue completes. Exclusions go through scontrol.
         """
         deadline = time.monotonic() + settle
-        while not self._settled(job_id) and time.monotonic() < deadline:
+        settled = self._settled(job_id)
+        while not settled and time.monotonic() < deadline:
             time.sleep(0.2)
+            settled = self._settled(job_id)
         if exclude or forget:
             self._exclude(job_id, exclude, forget)
         p = _pyslurm()
@@ -81,6 +83,8 @@ class PyslurmBackend(CommandBackend):
         )
         with contextlib.suppress(Exception):  # not held: nothing to release
             job.release()
+        if not settled:
+            raise JobNotSettled(job_id, settle)
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         p = _pyslurm()
