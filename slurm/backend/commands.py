@@ -195,10 +195,7 @@ class CommandBackend:
         job instead of restarting it. The held-back ~120 s exists for this; 2 s suffice.
         """
         deadline = time.monotonic() + settle
-        settled = self._settled(job_id)
-        while not settled and time.monotonic() < deadline:
-            time.sleep(0.2)
-            settled = self._settled(job_id)
+        settled = self._wait_settled(job_id, deadline)
         if exclude or forget:
             self._exclude(job_id, exclude, forget)
         while True:
@@ -267,6 +264,14 @@ class CommandBackend:
                 return []
             raise
         return filter_jobs(slurm_json.parse_squeue_jobs(out, version, argv), ids, name)
+
+    def _wait_settled(self, job_id: str, deadline: float) -> bool:
+        """`_settled`, polled until it holds or the monotonic `deadline` passes; its last answer."""
+        settled = self._settled(job_id)
+        while not settled and time.monotonic() < deadline:
+            time.sleep(0.2)
+            settled = self._settled(job_id)
+        return settled
 
     def _settled(self, job_id: str) -> bool:
         """True once every component of `job_id` is back in the queue (PENDING or held).

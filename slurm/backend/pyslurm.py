@@ -68,10 +68,7 @@ class PyslurmBackend(CommandBackend):
         update is overwritten when the requeue completes. Exclusions go through scontrol.
         """
         deadline = time.monotonic() + settle
-        settled = self._settled(job_id)
-        while not settled and time.monotonic() < deadline:
-            time.sleep(0.2)
-            settled = self._settled(job_id)
+        settled = self._wait_settled(job_id, deadline)
         if exclude or forget:
             self._exclude(job_id, exclude, forget)
         p = _pyslurm()
