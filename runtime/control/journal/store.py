@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.control.journal.describe import JournalEntry, entries_from_rows
+from runtime.control.journal.nonce_filter import NonceFilter
 from runtime.control.journal.schema import (
     JOURNAL_FILE,
     OPEN_STATES,
@@ -35,6 +36,7 @@ from runtime.control.journal.schema import (
     open_db,
 )
 from runtime.control.journal.writer import (
+    NONCE_KEEP_S,
     NONCE_SQL,
     GroupWriter,
     attempt_ops,
@@ -70,6 +72,14 @@ class Journal:
         #: Set while a `GroupWriter` owns the writes (it hands out the ids).
         self.writer: GroupWriter | None = None
         self._db = open_db(path, durable)
+        #: Every nonce stored (or queued) in the last NONCE_KEEP_S, and a few others: a nonce
+        #: it does not hold is not looked up in the table.
+        self.nonces = NonceFilter(NONCE_KEEP_S)
+        try:
+            for nonce, at in self._db.execute("SELECT nonce, at FROM nonces"):
+                self.nonces.add(str(nonce), float(at))
+        except sqlite3.DatabaseError as exc:
+            raise JournalCorrupt(path, str(exc)) from None
 
     def check(self) -> None:
         """SQLite's own consistency check (a truncated or overwritten file fails it)."""
@@ -128,12 +138,16 @@ class Journal:
                     if sql == NONCE_SQL:
                         raise KeyError(nonce) from None
                     raise
+        if nonce is not None:
+            self.nonces.add(nonce, now)
         return seq, stored
 
     def nonce_seen(self, nonce: str) -> bool:
         """Seen in a committed report, or in one queued for the next commit."""
         if self.writer is not None and nonce in self.writer.pending_nonces:
             return True
+        if not self.nonces.may_contain(nonce):
+            return False
         with self._lock:
             row = self._db.execute("SELECT 1 FROM nonces WHERE nonce = ?", (nonce,)).fetchone()
         return row is not None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.control.journal.nonce_filter import NonceFilter
 from runtime.control.journal.schema import StoredAction, connect
 from runtime.control.policy import (
     SLURM_ACTIONS,
@@ -194,6 +195,7 @@ class WrittenJournal(Protocol):
     path: Path
     durable: bool
     writer: GroupWriter | None
+    nonces: NonceFilter
 
     def nonce_seen(self, nonce: str) -> bool: ...
 
@@ -261,6 +263,7 @@ class GroupWriter:
         self._seq, self._action_id = seq, action_id
         if nonce is not None:
             self.pending_nonces.add(nonce)
+            self.journal.nonces.add(nonce, now)
         return seq, stored, future
 
     def attempt(self, action_id: int, outcome: str, detail: str = "") -> asyncio.Future[Any]:
