@@ -122,6 +122,7 @@ class Coordinator:
         self.clock = clock
         self.journal = Journal.in_run_dir(config.run_dir)
         self.journal.check()
+        self.journal.filter_nonces()
         self.state, open_actions, self._seq = self.journal.rebuild(config.policy, config.job_ids)
         #: Whether this user may drain, or asks root's Epilog to (`slurm.privileges`); decided
         #: once the journal is known good, so a bad journal is the one line a start prints.

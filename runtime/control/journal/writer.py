@@ -195,7 +195,7 @@ class WrittenJournal(Protocol):
     path: Path
     durable: bool
     writer: GroupWriter | None
-    nonces: NonceFilter
+    nonces: NonceFilter | None
 
     def nonce_seen(self, nonce: str) -> bool: ...
 
@@ -263,7 +263,8 @@ class GroupWriter:
         self._seq, self._action_id = seq, action_id
         if nonce is not None:
             self.pending_nonces.add(nonce)
-            self.journal.nonces.add(nonce, now)
+            if self.journal.nonces is not None:
+                self.journal.nonces.add(nonce, now)
         return seq, stored, future
 
     def attempt(self, action_id: int, outcome: str, detail: str = "") -> asyncio.Future[Any]:
