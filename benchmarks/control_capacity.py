@@ -130,30 +130,23 @@ def main() -> int:
             )
     capacity = {name: [g["capacity"] for g in got[name]] for name in got}
     cores = {name: [g["cores"] for g in got[name]] for name in got}
-    run.row(f"capacity, {base_rev}", capacity[base_rev], "/s", digits=0)
-    run.row(f"capacity, {tree_name}", capacity["tree"], "/s", digits=0)
-    run.row(
-        f"capacity ratio, {tree_name} / {base_rev} (paired)",
-        ratios(capacity, "tree", base_rev),
-        "x",
-        digits=2,
-    )
-    run.row(f"coordinator CPU (cores) at capacity, {base_rev}", cores[base_rev], "", digits=2)
-    run.row(f"coordinator CPU (cores) at capacity, {tree_name}", cores["tree"], "", digits=2)
     # The leaders take the rest of the 2 cores, so capacity moves with their share too; the
     # coordinator's CPU time per answered report is its own cost.
     per_report = {
         name: [1000 * c / r for c, r in zip(cores[name], capacity[name], strict=True)]
         for name in got
     }
-    run.row(f"coordinator CPU time per report, {base_rev}", per_report[base_rev], "ms", digits=4)
-    run.row(f"coordinator CPU time per report, {tree_name}", per_report["tree"], "ms", digits=4)
-    run.row(
-        f"CPU time per report ratio, {tree_name} / {base_rev} (paired)",
-        ratios(per_report, "tree", base_rev),
-        "x",
-        digits=2,
-    )
+    figures = [
+        ("capacity", capacity, "/s", 0, "capacity ratio"),
+        ("coordinator CPU (cores) at capacity", cores, "", 2, None),
+        ("coordinator CPU time per report", per_report, "ms", 4, "CPU time per report ratio"),
+    ]
+    for figure, values, unit, digits, ratio in figures:
+        run.row(f"{figure}, {base_rev}", values[base_rev], unit, digits=digits)
+        run.row(f"{figure}, {tree_name}", values["tree"], unit, digits=digits)
+        if ratio:
+            paired = ratios(values, "tree", base_rev)
+            run.row(f"{ratio}, {tree_name} / {base_rev} (paired)", paired, "x", digits=2)
     run.extra["base"] = base_rev
     run.write()
     return 0
