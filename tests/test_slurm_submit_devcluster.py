@@ -74,22 +74,42 @@ def dev_spec(run_dir: Path, **train: Any) -> JobSpec:
     )
 
 
-def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+def _shown(*argv: str) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=False).stdout
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    cluster: DevClusterConfig | None = None,
+) -> T:
+    """`predicate`'s first true value; on timeout an AssertionError with the queue, the nodes
+    and, given the cluster, slurmctld's last lines."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.5)
-    queue = subprocess.run(
-        ["squeue", "-o", "%i %j %T %r %S %N"], capture_output=True, text=True, check=False
-    ).stdout
-    # A job pending on Resources is explained by the nodes' states and reasons.
-    nodes = subprocess.run(
-        ["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True, check=False
-    ).stdout
+    queue = _shown("squeue", "-o", "%i %j %T %r %S %N")
+    # A job pending on Resources is explained by the nodes' states, reasons and what each has
+    # allocated (GRES included), and by the scheduler's own log.
+    nodes = _shown("sinfo", "-N", "-o", "%N %T %E")
+    alloc = "".join(
+        line.strip() + "\n"
+        for line in _shown("scontrol", "show", "node").splitlines()
+        if line.strip().startswith(("NodeName=", "Gres=", "CfgTRES=", "AllocTRES=", "State="))
+    )
+    jobs = _shown("scontrol", "show", "job", "-d")
+    log = ""
+    if cluster is not None:
+        path = cluster.directory / "log" / "slurmctld.log"
+        with contextlib.suppress(OSError):
+            log = "\n".join(path.read_text(errors="replace").splitlines()[-80:])
     raise AssertionError(
         f"timed out after {timeout:.0f}s waiting for {what}; squeue:\n{queue}sinfo:\n{nodes}"
+        f"nodes:\n{alloc}jobs:\n{jobs}slurmctld.log:\n{log}"
     )
 
 
@@ -214,6 +234,7 @@ def test_two_het_replicas_one_switch_each_and_single_replica_requeue(
         lambda: [ln for ln in het_lines(run, 0) if ln[3] == "1"],
         100,
         "replica 0 to run again after requeue",
+        slurm_cluster,
     )
     elapsed = time.monotonic() - t0
     assert restarted[0][0] == "2"
