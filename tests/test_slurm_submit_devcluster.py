@@ -75,7 +75,12 @@ def dev_spec(run_dir: Path, **train: Any) -> JobSpec:
 
 
 def _shown(*argv: str) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False).stdout
+    try:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return f"({argv[0]} gave no answer in 30 s)\n"
 
 
 def wait_for(

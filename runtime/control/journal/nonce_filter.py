@@ -34,7 +34,6 @@ class NonceFilter:
         if not 3 <= bits_log2 <= 31:
             raise ValueError(f"bits_log2 must be in 3..31, got {bits_log2}")
         self.keep_s = keep_s
-        self._bits = bits_log2
         self._mask = (1 << bits_log2) - 1
         self._current = bytearray(1 << (bits_log2 - 3))
         self._previous = bytearray(1 << (bits_log2 - 3))
