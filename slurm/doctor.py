@@ -174,6 +174,91 @@ def check_bf_interval(cfg: SlurmConfig) -> Finding:
     )
 
 
+#: What the fixes suggest; any positive weight orders a het job's components by size or GPUs.
+PRIORITY_WEIGHT = 1000
+
+
+def _het_replicas(spec: JobSpec | None) -> bool:
+    """Whether replicas are het jobs: a spec with a helper, or no spec (the site in general)."""
+    return spec is None or spec.replicas.helper is not None
+
+
+def _weight(text: str | None) -> int:
+    return int(text) if text is not None and text.lstrip("-").isdigit() else 0
+
+
+def check_component_priority(cfg: SlurmConfig, spec: JobSpec | None) -> Finding:
+    """Which component of a requeued replica the backfill plans first.
+
+    The backfill plans a het job's components one at a time, and each holds whole nodes in its
+    plan. With equal priorities it orders them by the second each was requeued: a helper
+    planned first can take a node its GPU component needs under one switch, and the replica
+    then waits for another job to end (seen on the 26.05 dev cluster, where multifactor without
+    weights gives every job priority 1).
+    """
+    name = "PriorityWeightJobSize"
+    if not _het_replicas(spec):
+        return Finding(name, "pass", "replicas have no helper component")
+    if (missing := _missing(cfg, "PriorityType")) is not None:
+        return Finding(name, missing.status, missing.detail)
+    kind = cfg.get("PriorityType")
+    if kind == "priority/basic":
+        return Finding(name, "pass", "priority/basic ranks a het job's GPU component first")
+    if kind != "priority/multifactor":
+        return Finding(name, "warn", f"{kind}: fthsdp knows only basic and multifactor")
+    tres = {
+        k.strip().lower(): _weight(v)
+        for k, _, v in (i.partition("=") for i in cfg.items("PriorityWeightTRES"))
+    }
+    size = _weight(cfg.get("PriorityWeightJobSize"))
+    favor_small = (cfg.get("PriorityFavorSmall") or "").lower() in ("yes", "1")
+    if tres.get("gres/gpu", 0) > 0:
+        return Finding(
+            name, "pass", f"PriorityWeightTRES ranks GPUs ({cfg.get('PriorityWeightTRES')})"
+        )
+    if size > 0 and not favor_small:
+        return Finding(
+            name, "pass", f"PriorityWeightJobSize={size} ranks the larger component first"
+        )
+    detail = (
+        "PriorityFavorSmall ranks a replica's helper ahead of its GPU component"
+        if size > 0
+        else "a requeued replica's components have equal priority"
+    ) + (
+        ": the backfill may plan the helper first on a node the GPU component needs, and the "
+        "replica waits for another job to end"
+    )
+    fix = (
+        _with_item(cfg, "PriorityWeightTRES", f"GRES/gpu={PRIORITY_WEIGHT}", "GRES/gpu=")
+        + " (with gres/gpu in AccountingStorageTRES)"
+        if favor_small
+        else f"PriorityWeightJobSize={PRIORITY_WEIGHT}"
+    )
+    return Finding(name, "warn", detail, fix)
+
+
+def check_hetjob_prio(cfg: SlurmConfig, spec: JobSpec | None) -> Finding:
+    """Whether a het job's components are planned together. Ranked by size alone, every
+    replica's GPU component comes before any helper; each holds whole nodes in the plan, so a
+    helper that must share a GPU node finds none (seen on the 22.05 dev cluster: neither
+    replica started)."""
+    name = "SchedulerParameters:bf_hetjob_prio"
+    if not _het_replicas(spec):
+        return Finding(name, "pass", "replicas have no helper component")
+    given = [i for i in cfg.items("SchedulerParameters") if i.startswith("bf_hetjob_prio=")]
+    if given:
+        return Finding(name, "pass", f"{given[-1]}: a replica's components are planned together")
+    if cfg.get("PriorityType") == "priority/basic":
+        return Finding(name, "pass", "priority/basic gives a het job consecutive priorities")
+    return Finding(
+        name,
+        "warn",
+        "the backfill may plan every replica's GPU component before any helper, and a helper "
+        "that shares a GPU node then finds none free",
+        _with_item(cfg, "SchedulerParameters", "bf_hetjob_prio=max", "bf_hetjob_prio="),
+    )
+
+
 def _points_at(value: str | None, entry: str) -> bool:
     return value is not None and any(os.path.basename(p.strip()) == entry for p in value.split(","))
 
@@ -366,6 +451,8 @@ def diagnose(
         check_nohold(cfg),
         check_scheduler(cfg, spec),
         check_bf_interval(cfg),
+        check_component_priority(cfg, spec),
+        check_hetjob_prio(cfg, spec),
         check_hook(cfg, "Prolog", "fthsdp-prolog", PROLOG_LINE, absent="fail"),
         check_hook(cfg, "Epilog", "fthsdp-epilog", EPILOG_LINE, absent="warn"),
         check_hook(cfg, "HealthCheckProgram", "fthsdp-healthcheck", HEALTHCHECK_LINE, "warn"),

@@ -58,7 +58,9 @@ def test_slurm_conf_has_fast_failure_settings_and_gres() -> None:
     )
     conf = devcluster.slurm_conf(cfg)
     for line in (
-        "SchedulerParameters=bf_interval=1,bf_continue,nohold_on_prolog_fail",
+        "SchedulerParameters=bf_interval=1,bf_continue,bf_hetjob_prio=max,nohold_on_prolog_fail",
+        "PriorityType=priority/multifactor",
+        "PriorityWeightJobSize=1000",
         "ReturnToService=2",
         "SlurmdTimeout=10",
         "TopologyPlugin=topology/tree",
