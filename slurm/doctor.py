@@ -228,13 +228,14 @@ def check_component_priority(cfg: SlurmConfig, spec: JobSpec | None) -> Finding:
         ": the backfill may plan the helper first on a node the GPU component needs, and the "
         "replica waits for another job to end"
     )
-    fix = (
-        _with_item(cfg, "PriorityWeightTRES", f"GRES/gpu={PRIORITY_WEIGHT}", "GRES/gpu=")
-        + " (with gres/gpu in AccountingStorageTRES)"
-        if favor_small
-        else f"PriorityWeightJobSize={PRIORITY_WEIGHT}"
+    if not favor_small:
+        return Finding(name, "warn", detail, f"PriorityWeightJobSize={PRIORITY_WEIGHT}")
+    return Finding(
+        name,
+        "warn",
+        detail + " (a TRES weight needs gres/gpu in AccountingStorageTRES)",
+        _with_item(cfg, "PriorityWeightTRES", f"GRES/gpu={PRIORITY_WEIGHT}", "GRES/gpu="),
     )
-    return Finding(name, "warn", detail, fix)
 
 
 def check_hetjob_prio(cfg: SlurmConfig, spec: JobSpec | None) -> Finding:

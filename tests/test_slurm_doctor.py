@@ -277,7 +277,7 @@ CASES: list[tuple[str, Mapping[str, str | None], str, str, str | None]] = [
         {"PriorityFavorSmall": "Yes"},
         SIZE,
         "warn",
-        "PriorityWeightTRES=GRES/gpu=1000 (with gres/gpu in AccountingStorageTRES)",
+        "PriorityWeightTRES=GRES/gpu=1000",
     ),
     (
         "gpu weight",
