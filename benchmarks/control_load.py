@@ -16,7 +16,7 @@ RSS, its CPU time per answered report, journal growth (extrapolated to an hour) 
 end, and fatal report -> Slurm requeue call. Target: p99 < 100 ms at 1,000 reports/s on this
 machine, no report lost.
 
-    python benchmarks/control_load.py [--repeat 5] [--replicas 1000] [--window 10]
+    python benchmarks/control_load.py [--repeat 5] [--replicas 1000] [--window 10] [--name NAME]
 
 `CONTROL_LOAD_PROFILE=FILE` runs the coordinator under cProfile and writes its stats to FILE.
 """
@@ -586,6 +586,9 @@ def main() -> int:
     parser.add_argument(
         "--nice", type=int, default=0, help="scheduling priority of both processes (root: < 0)"
     )
+    parser.add_argument(
+        "--name", default="control_load", help="the figures' name (another machine's beside)"
+    )
     args = parser.parse_args()
     steady, repeats = args.replicas, args.repeat
     total = steady + 2 * 2 * BURST * repeats  # a burst per window: two loads, two modes
@@ -608,8 +611,8 @@ def main() -> int:
     niced = raise_limits(args.nice)
     with coordinator_process(total) as (proc, run_dir, leaders):
         run = Run(
-            "control_load",
-            "Control plane under load",
+            args.name,
+            "Control plane under load" + ("" if args.name == "control_load" else f" ({args.name})"),
             f"One coordinator process ({chosen()} event loop, aiohttp, SQLite journal with WAL "
             f"and synchronous=FULL "
             f"written by group commit: one fsync per batch, decisions answered once durable; "
