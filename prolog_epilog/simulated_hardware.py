@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from slurm.errors import InputError
+from slurm.rundir.paths import write_whole
 
 FAULTS = ("xid79", "ecc", "nvlink", "ib", "hang")
 GPU_NAME = "NVIDIA H100 80GB HBM3"
@@ -239,9 +240,11 @@ def shared_python() -> str:
     return sys.executable
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Whole, by rename: the checks run the simulated nvidia-smi and read these files while a
+    fault is injected, and a half-written fault leaves a node half broken."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_whole(path, text, mode)
 
 
 def _write_sysfs(sys_root: Path, ib_down: bool) -> None:
@@ -296,8 +299,7 @@ def write_node_inputs(
         hang.unlink()
     source = resources.files("prolog_epilog").joinpath("simulated_smi.py").read_text()
     binary = base / "bin" / "nvidia-smi"
-    _write(binary, f"#!{shared_python()} -I\n" + source)
-    os.chmod(binary, 0o755)
+    _write(binary, f"#!{shared_python()} -I\n" + source, mode=0o755)
     _write_sysfs(base / "sys", "ib" in faults)
     _write(base / "kern.log", render_kernel_log(node, xid_gpu, now))
     return NodeInputs(base, binary, base / "sys", base / "kern.log", smi, gpus, faults)

@@ -10,6 +10,7 @@ sees half a file, and a key is never briefly readable by others.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 #: Which Slurm job id belongs to which replica (`jobs.RunRecord`).
@@ -38,13 +39,20 @@ PRIVATE_FILE_MODE = 0o600
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to `path` atomically, mode 0600 from the start (never briefly readable)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    write_whole(path, text, PRIVATE_FILE_MODE)
+
+
+def write_whole(path: Path, text: str, mode: int) -> None:
+    """`text` at `path` by rename: a reader sees the old file or the new one, never part of
+    either, and a script that is being run is replaced rather than rewritten in place (which is
+    ETXTBSY for the writer or for the exec). The file is 0600 until it has its content, then
+    `mode`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, PRIVATE_FILE_MODE)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
