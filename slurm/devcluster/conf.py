@@ -10,10 +10,8 @@ import socket
 
 from slurm import hostlist
 from slurm.devcluster.config import DevClusterConfig
+from slurm.doctor import PRIORITY_WEIGHT
 from slurm.expedite import ENABLE, EXPEDITE_SINCE
-
-#: Any positive weight orders a het job's components by size; the value only has to dwarf nothing.
-PRIORITY_WEIGHT_JOB_SIZE = 1000
 
 
 def _hl(names: list[str]) -> str:
@@ -68,14 +66,10 @@ def slurm_conf(cfg: DevClusterConfig, release: tuple[int, int] | None = None) ->
         "MinJobAge=600",
         "SchedulerType=sched/backfill",
         f"SchedulerParameters={','.join(sched)}",
-        # The backfill plans a het job's components one at a time, each holding whole nodes in
-        # its plan. With equal priorities (multifactor without weights, the default since 23.11)
-        # it orders them by the second each was requeued, and a helper planned first can take the
-        # node its GPU component needs under one switch. Job size puts the GPU component first;
-        # bf_hetjob_prio keeps a het job's components together, so GPU components of several
-        # replicas do not fill every node before any helper is planned.
+        # What `fthsdp doctor` asks of a site for het replicas: a requeued replica's GPU
+        # component planned before its helper (docs/design-facts.md, fact 26).
         "PriorityType=priority/multifactor",
-        f"PriorityWeightJobSize={PRIORITY_WEIGHT_JOB_SIZE}",
+        f"PriorityWeightJobSize={PRIORITY_WEIGHT}",
         *(
             [f"SlurmctldParameters={ENABLE}"]
             if release and release >= (EXPEDITE_SINCE.major, EXPEDITE_SINCE.minor)
