@@ -72,8 +72,8 @@ check: lint typecheck
 # On the host: the fast tier on two workers (as in `check`); then, side by side
 # (tests/slow_tiers.py), the tests that start dev clusters or many processes, one at a time (they
 # measure stalls and timeouts), and the slurm-marked tests on every other release of the matrix, one
-# release after the other, but for the long `one_release` stories (the loaded demo, the README
-# walk-through, the straggler eviction, slurmctld away, the chaos short set, the power losses):
+# release after the other, but for the long `one_release` fault stories (slurmctld away, the
+# chaos short set, the power losses):
 # their Slurm calls (submit, requeue, drain request, status) are the ones the other slurm tests
 # make on every release. Both sides mostly wait on dev clusters, so beside each other they take
 # about as long as the longer one.

@@ -110,10 +110,9 @@ def _matrix_parts(make: str, others: Sequence[str], log_dir: Path) -> list[Part]
 
 
 #: Multi-process tests that need no Slurm, run after the releases in their lane rather than in
-#: the host's, which is the longer of the two without them (docs/benchmarks.md).
+#: the host's; the others (the torchft protocol stories) run in the host's lane, so that the
+#: two lanes take about as long (docs/benchmarks.md).
 BESIDE_THE_RELEASES = (
-    "tests/test_story_ft_protocol.py",
-    "tests/test_story_fresh_quorum.py",
     "tests/test_quality_short.py",
     "tests/test_report_browser.py",
     "tests/test_story_straggler_local.py",

@@ -60,7 +60,7 @@ def test_demo_stops_on_a_failed_control_job_with_one_line(tmp_path: Path) -> Non
 
 
 @pytest.mark.slurm
-@pytest.mark.one_release
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_demo_fault_story_on_a_loaded_machine(
     slurm_cluster: DevClusterConfig, site_user: SiteUser, tmp_path: Path

@@ -149,7 +149,7 @@ def scratch(
 
 
 @pytest.mark.slurm
-@pytest.mark.one_release
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_readme_using_it_runs_in_order(scratch: tuple[Shell, Path]) -> None:
     from tests.conftest import _require_slurm

@@ -83,7 +83,6 @@ def seconds_per_step(trace: Trace) -> float:
 
 
 @pytest.mark.slurm
-@pytest.mark.one_release
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_slow_node_replica_alone_is_evicted(
