@@ -151,10 +151,12 @@ def test_chroot_env_passes_the_callers_env_with_a_sane_path() -> None:
     env = rc.chroot_env(
         {"CI": "1", "FTHSDP_X": "y", "PATH": "/root/.pyenv/shims:/usr/bin", "SLURM_CONF": "/h"},
         Path("/w/.venv"),
+        "24.11",
     )
     assert env["CI"] == "1" and env["FTHSDP_X"] == "y"
     assert env["PATH"] == "/w/.venv/bin:" + rc.SANE_PATH
     assert "SLURM_CONF" not in env  # the host cluster's config means nothing inside
+    assert env[rc.CHROOT_RELEASE_ENV] == "24.11"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ its replacement's start and catch-up does not evict a healthy replica as a strag
 holds off while a replica recovers, and a straggler must be slow against its own pace too). Once
 every replica completed, the control job ends by itself (COMPLETED). The user's `fthsdp report`
 of the run draws the three lanes with the Xid and its requeue on replica 1's, and names the job
-and the node it left; it is opened in headless chromium where there is one (always under CI).
+and the node it left; it is opened in headless chromium where there is one (always under CI,
+but in a release chroot, which has no browser).
 
 The pure part of the demo's early stop (a control job that failed is one line naming its log)
 is checked without Slurm.
@@ -132,7 +133,7 @@ def _report_shows_the_fault(
     """`fthsdp report` of the finished run, made by its user: three lanes, the Xid on replica
     1's lane with its requeue, and the lane names its job and the node it left. Read in headless
     chromium (its console, its script, a screenshot) where there is one, and it must be there
-    under CI; the page's own markup is checked either way."""
+    under CI but in a release chroot; the page's own markup is checked either way."""
     made = env.fthsdp("report", str(run_dir))
     assert made.returncode == 0, made.stderr[-2000:]
     page = run_dir / "report.html"

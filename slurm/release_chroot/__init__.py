@@ -50,6 +50,7 @@ from slurm.release_chroot.matrix import (
 )
 from slurm.release_chroot.namespace import EXIT_TIMEOUT, enter
 from slurm.release_chroot.plan import (
+    CHROOT_RELEASE_ENV,
     SANE_PATH,
     Mount,
     chroot_env,
@@ -61,6 +62,7 @@ from slurm.release_chroot.plan import (
 
 __all__ = [
     "CACHE_DIR",
+    "CHROOT_RELEASE_ENV",
     "EXIT_TIMEOUT",
     "MARKER",
     "MATRIX",

@@ -159,7 +159,7 @@ def chroot_command(
         command += ["--bind", str(b)]
     if timeout is not None:
         command += ["--timeout", str(timeout)]
-    env = chroot_env(os.environ, venv)
+    env = chroot_env(os.environ, venv, version)
     env["PYTHONPATH"] = ":".join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return [*command, "--", *argv], env
 

@@ -128,11 +128,17 @@ def mount_plan(
     return root, mounts
 
 
-def chroot_env(environ: Mapping[str, str], venv: Path) -> dict[str, str]:
-    """The command's environment: the caller's, with a PATH that exists inside the chroot and
-    without pointers at the host's own Slurm cluster."""
+#: Set inside a release chroot to its Slurm release: a test can tell it runs where the host's
+#: other tools (a browser, say) are not.
+CHROOT_RELEASE_ENV = "FTHSDP_CHROOT_RELEASE"
+
+
+def chroot_env(environ: Mapping[str, str], venv: Path, version: str) -> dict[str, str]:
+    """The command's environment: the caller's, with a PATH that exists inside the chroot,
+    without pointers at the host's own Slurm cluster, and naming the release it runs."""
     env = {k: v for k, v in environ.items() if k not in {"SLURM_CONF", "PYTHONHOME"}}
     env["PATH"] = f"{venv / 'bin'}:{SANE_PATH}"
+    env[CHROOT_RELEASE_ENV] = version
     return env
 
 
