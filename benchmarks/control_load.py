@@ -627,6 +627,7 @@ def main() -> int:
             f"coordinator, so latencies include the load generator's own lag, and any other "
             f"work on the machine (both ran at nice {niced}; see the load averages).",
             repeats,
+            script="benchmarks/control_load.py",
         )
         loads = [steady, args.low]
         modes = [KEPT, FRESH]
