@@ -595,7 +595,12 @@ def main() -> int:
     if args.serve:
         served = serve(args.serve, int(os.environ["CONTROL_LOAD_REPLICAS"]))
         profile_to = os.environ.get("CONTROL_LOAD_PROFILE")
-        from runtime.control.event_loop import run as run_loop  # the loop `fthsdp control` runs
+        # As `fthsdp control`: the loop it runs, on a heap frozen once the imports are done.
+        import runtime.control.http  # noqa: F401
+        from runtime.control.event_loop import freeze_startup_heap
+        from runtime.control.event_loop import run as run_loop
+
+        freeze_startup_heap()
 
         if not profile_to:
             run_loop(served)

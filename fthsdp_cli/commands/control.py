@@ -187,7 +187,7 @@ def control(
     with exit code 2 and a line that names the file; Slurm does not requeue a job for its exit
     code, so it does not loop.
     """
-    from runtime.control.event_loop import loop_factory
+    from runtime.control.event_loop import freeze_startup_heap, loop_factory
     from runtime.control.event_loop import run as run_loop
     from runtime.control.http import own_address
     from runtime.control.policy import PolicyConfig
@@ -265,6 +265,7 @@ def control(
             heartbeat_timeout_ms=heartbeat_timeout_ms or settings.heartbeat_timeout_ms,
             join_timeout_ms=join_timeout_ms or settings.join_timeout_ms,
         )
+    freeze_startup_heap()
     run_loop(serve(config, lighthouse, finish_grace_s=_finish_grace()))
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from runtime.control.event_loop import freeze_startup_heap
 from runtime.control.event_loop import run as run_loop
 from runtime.protocol import derive_key
 
@@ -386,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
                 await asyncio.wait_for(stop.wait(), STATS_EVERY_S)
         await gate.close()
 
+    freeze_startup_heap()
     try:
         run_loop(run())
     except OSError as exc:
