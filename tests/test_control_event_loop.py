@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -89,8 +91,6 @@ def test_the_startup_heap_is_frozen_and_later_garbage_still_collected() -> None:
     """In a process of its own (a frozen heap is for the rest of a process's life): what a
     server imported is frozen, a full collection then walks only what came after, and a cycle
     made after the freeze is still collected."""
-    import subprocess
-
     code = """
 import gc, json
 import runtime.control.http
@@ -109,8 +109,6 @@ print(json.dumps({"frozen": frozen, "count": gc.get_freeze_count(), "tracked": t
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
     )
     assert done.returncode == 0, done.stderr
-    import json
-
     seen = json.loads(done.stdout)
     assert seen["frozen"] == seen["count"] > 10 * seen["tracked"], seen
     assert seen["collected"] >= 2, seen

@@ -42,7 +42,8 @@ from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
 STEPS = 3000
-#: How long the run without a spare may take to be seen pending for want of a node.
+#: How long past its watch the run without a spare may take to be seen pending for want of a
+#: node (the watch itself follows the run with a spare, however slow that was).
 WATCH_PENDING_S = 90.0
 #: Slurm's reasons for a pending job that could start but for the nodes others hold.
 NO_NODE_FREE = ("Resources", "Priority", "ReqNodeNotAvail")
@@ -129,24 +130,27 @@ def reps(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["replica"]: r for r in data["replicas"]}
 
 
-def squeue_state(job: str) -> str:
+def squeue_of(job: str, fmt: str) -> str:
+    """What `squeue -o FMT` lists for `job` (a line per component; empty once it is gone)."""
     out = subprocess.run(
-        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=30
     )
     return out.stdout.strip()
+
+
+def squeue_state(job: str) -> str:
+    return squeue_of(job, "%T")
 
 
 def waits_for_a_node(job: str) -> tuple[bool, str]:
     """Whether every component of `job` is PENDING for a reason in `NO_NODE_FREE` (the
     scheduler looked at it, eligible, and found no node), and what squeue said."""
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job, "-o", "%T|%r"], capture_output=True, text=True, timeout=30
-    )
-    lines = [line.split("|", 1) for line in out.stdout.split("\n") if "|" in line]
+    said = squeue_of(job, "%T|%r")
+    lines = [line.split("|", 1) for line in said.splitlines() if "|" in line]
     ok = bool(lines) and all(
         state == "PENDING" and reason.startswith(NO_NODE_FREE) for state, reason in lines
     )
-    return ok, out.stdout.strip()
+    return ok, said
 
 
 def let_traverse(path: Path) -> list[tuple[Path, int]]:
@@ -328,7 +332,9 @@ def _run(
                         raise AssertionError(f"replica 1 ran again: {seen}\n{_squeue()}")
                     if waiting and since >= watch_s:
                         break
-                    assert since < WATCH_PENDING_S, f"never pending for a node: {seen[-5:]}"
+                    assert since < watch_s + WATCH_PENDING_S, (
+                        f"never pending for a node: {seen[-5:]}"
+                    )
                     time.sleep(2)
                 out["pending_watched_s"] = time.monotonic() - t_fault
                 out["pending_trace"] = seen[-3:]
