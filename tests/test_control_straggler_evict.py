@@ -15,6 +15,7 @@ from runtime.control.straggler.evict import (
     EvictionConfig,
     RunContext,
     decide,
+    evidence,
     requeue_cost,
     run_slowdown,
 )
@@ -179,6 +180,21 @@ def test_drain_or_exclude(mode: str, drain: bool) -> None:
     assert d.action == "evict"
     assert d.drain is drain
     assert d.reason == "fthsdp: straggler: node4 2.0x"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "text"),
+    [
+        (
+            replace(SLOW, duration_s=12.4),
+            "2.0x over 50 steps in 12s (compute 0.400s, peers 0.200s, since step 100)",
+        ),
+        (StragglerVerdict(replica=1, state="straggler", factor=3.0), "3.0x"),
+    ],
+)
+def test_a_decision_carries_what_its_verdict_rests_on(verdict: StragglerVerdict, text: str) -> None:
+    assert evidence(verdict) == text
+    assert decide(verdict, CTX, EvictionConfig()).evidence == text
 
 
 def test_slowdown_without_run_step_time_uses_compute_bound() -> None:

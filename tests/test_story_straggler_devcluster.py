@@ -46,9 +46,14 @@ from slurm import hostlist
 from slurm.backend import CommandBackend
 from slurm.devcluster import DevClusterConfig
 
-WINDOW_STEPS = 20
-#: Above the scheduling noise of replicas sharing 2 cores with other tests' dev clusters (a
-#: healthy replica was once seen 2.4x slower than its peers for 23 steps).
+#: Each step sleeps this long beside its few milliseconds of compute. A replica starved of CPU on
+#: 2 cores shared with other tests' dev clusters loses time per step whatever the step's length
+#: (about 0.3 s at worst seen), so a longer step makes that noise a smaller ratio: at 0.1 s a
+#: healthy replica was once seen 4.1x slower than its peers for over 20 steps, and evicted.
+STEP_SLEEP_S = 0.25
+#: 10 steps at the slowed pace take 12.5 s: to look as slow, a healthy replica would have to lose
+#: 0.5 s in every step for 7.5 s.
+WINDOW_STEPS = 10
 FACTOR = 3.0
 SLOW = 5.0
 #: Seconds of steady training before the fault: the detector's own-pace window and then some.
@@ -58,18 +63,40 @@ Trace = list[tuple[float, dict[int, dict[str, Any]]]]
 
 
 def coordinator_timings(run_dir: Path, user: SiteUser) -> str:
-    """What the straggler monitor saw, for a failure message: each replica's phase and timings,
-    the verdicts and the decisions with their reasons (`fthsdp status --json`, as the user)."""
+    """What the straggler monitor says now, for a failure message: its suspects and stragglers
+    with the decision taken for each (`fthsdp status --json`, as the user), and the control job's
+    log lines about stragglers."""
     r = user.fthsdp("status", str(run_dir), "--json")
     try:
-        view = json.loads(r.stdout)
+        listed = json.dumps(json.loads(r.stdout).get("stragglers"))
     except ValueError:
-        return r.stderr.strip()
-    keys = ("replica", "phase", "step", "compute_s", "own_pace_s", "peer_median_s", "step_time_s")
-    rows = [{k: r.get(k) for k in keys} for r in view.get("replicas", [])]
-    picked = {"replicas": rows, "stragglers": view.get("stragglers")}
-    picked["decisions"] = view.get("straggler_decisions")
-    return json.dumps(picked)
+        listed = r.stderr.strip()
+    return f"{listed}\n{control_log(run_dir)}"
+
+
+def control_log(run_dir: Path, pattern: str = "straggler") -> str:
+    """The control job's log lines that mention `pattern`: the monitor's verdicts and decisions
+    with what each rests on, for a failure message (the run folder is removed afterwards)."""
+    lines = []
+    for path in sorted((run_dir / "logs").glob("control*.err")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            lines.append(f"{path.name}: unreadable: {exc}")
+            continue
+        lines += [f"{path.name}: {line[:400]}" for line in text.splitlines() if pattern in line]
+    return "\n".join(lines[-20:]) or f"(no {pattern!r} line in the control job's log)"
+
+
+def first_restart(trace: Trace) -> str:
+    """When the status first showed a replica restarted, and each replica's step just before."""
+    for i, (t, reps) in enumerate(trace):
+        moved = [k for k, r in reps.items() if r["restarts"]]
+        if moved:
+            before = {k: r["step"] for k, r in trace[i - 1][1].items()} if i else {}
+            at = time.strftime("%H:%M:%S", time.localtime(t))
+            return f"replica {moved} restarted by {at}; the steps before: {before}"
+    return "no restart in the trace"
 
 
 def seconds_per_step(trace: Trace) -> float:
@@ -93,7 +120,7 @@ def test_slow_node_replica_alone_is_evicted(
 
 
 def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, site_user: SiteUser) -> None:
-    env = site_user.with_env(TINY_STEP_SLEEP_S="0.1")
+    env = site_user.with_env(TINY_STEP_SLEEP_S=str(STEP_SLEEP_S))
     root_env = dict(os.environ)  # the operator's side: injecting the fault
     spec, run_dir = write_spec(env, steps=5000, name="slow", straggler_mode="drain")
     overrides = [
@@ -135,6 +162,7 @@ def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, site_user: Site
         if not all(base[k]["restarts"] == 0 for k in base):
             raise AssertionError(
                 f"a replica restarted before the fault: {base}\n"
+                f"{first_restart(trace)}\n"
                 f"journal: {journal_summary(run_dir, env)}\n"
                 f"coordinator: {coordinator_timings(run_dir, env)}"
             )
@@ -198,6 +226,7 @@ def _slow_node_replica_alone_is_evicted(gated: DevClusterConfig, site_user: Site
             f"straggler e2e: baseline {step_s:.3f} s/step, evicted {evictions[0][2] - t_fault:.1f}"
             f" s after the fault, rejoined after {t_rejoined - t_fault:.1f} s"
         )
+        print(control_log(run_dir, "straggler eviction"))
 
         # Back at full speed on the new node: `fthsdp status` lists no straggler any more.
         deadline = time.monotonic() + 120

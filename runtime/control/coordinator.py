@@ -376,7 +376,14 @@ class Coordinator:
         """Straggler hook: observe the report; submit the evictions the monitor decides."""
         events = self.stragglers.on_report(report, self.state, time.monotonic(), self.clock())
         for event in events:
-            log.warning("straggler eviction: replica %d (%s)", event.replica, event.detail)
+            decision = self.stragglers.decisions.get(event.replica)
+            log.warning(
+                "straggler eviction: replica %d (%s): %s; %s",
+                event.replica,
+                event.detail,
+                decision.evidence if decision else "",
+                decision.why if decision else "",
+            )
             await self.submit(event)
 
 

@@ -71,6 +71,8 @@ class StragglerDecision:
     remaining_s: float | None = None
     gain_s: float | None = None
     cost_s: float | None = None
+    #: What the verdict rests on (`evidence`): for the log line and the state view.
+    evidence: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -98,6 +100,25 @@ def run_slowdown(verdict: StragglerVerdict, run_step_time_s: float | None) -> fl
     return excess / (step - excess) if step > excess else None
 
 
+def evidence(verdict: StragglerVerdict) -> str:
+    """One line of what a verdict rests on: `4.1x over 22 steps in 9s (compute 0.410s, peers
+    0.100s)`. An eviction's reason names the factor only; an operator asking why a replica was
+    evicted (and a test whose run evicted one it did not expect) needs the window and the times
+    behind it."""
+    parts = [f"{verdict.factor or 0.0:.1f}x"]
+    if verdict.steps is not None:
+        parts.append(f"over {verdict.steps} steps in {verdict.duration_s or 0.0:.0f}s")
+    times = []
+    if verdict.compute_s is not None:
+        times.append(f"compute {verdict.compute_s:.3f}s")
+    if verdict.peer_median_s is not None:
+        times.append(f"peers {verdict.peer_median_s:.3f}s")
+    if verdict.since_step is not None:
+        times.append(f"since step {verdict.since_step}")
+    text = " ".join(parts)
+    return f"{text} ({', '.join(times)})" if times else text
+
+
 def decide(
     verdict: StragglerVerdict, ctx: RunContext, config: EvictionConfig | None = None
 ) -> StragglerDecision:
@@ -105,7 +126,7 @@ def decide(
     config = config or EvictionConfig()
     factor = verdict.factor
     node = verdict.slow_node
-    base = StragglerDecision(verdict.replica, "report", node, factor)
+    base = StragglerDecision(verdict.replica, "report", node, factor, evidence=evidence(verdict))
 
     def report(why: str, **kw: Any) -> StragglerDecision:
         return replace(base, why=why, **kw)
