@@ -12,7 +12,7 @@ schedule (`tests/chaos_harness.py`) is drawn from `FTHSDP_CHAOS_SEED` (default 1
 default the short set `xid79,kill,control`; `benchmarks/chaos.py` runs every kind over 5 seeds),
 striking no replica more often than the run's `max_restarts_per_replica` (5 here; a replica that
 fails more is left out by design). With a `slow` fault in the schedule the run evicts stragglers
-(`straggler_mode = "drain"`, the straggler story's factor and window). Each fault strikes a few
+(`straggler_mode = "drain"`, factor 3 over 20 steps). Each fault strikes a few
 steps after the run was last whole and is then waited out; a node it broke is healed
 afterwards, as an operator would, so the next fault has a node to go to.
 
@@ -90,9 +90,10 @@ STEPS = 200 + 220 * FAULTS
 #: spec above the default so that every kind fits in one run); one more and the policy leaves it
 #: out, which the policy's own tests check, so the schedule stays within it.
 STRIKES = 5
-#: The straggler settings of a run with `slow` faults (as in `test_story_straggler_devcluster.py`:
-#: a factor above the shared cores' noise), and the steady training a replica's own pace needs
-#: before a slowdown is measured against it.
+#: The straggler settings of a run with `slow` faults (a factor above the shared cores' noise, on
+#: this campaign's 0.1 s steps; `test_story_straggler_devcluster.py` runs longer steps and a
+#: shorter window, which keeps that noise a smaller ratio), and the steady training a replica's
+#: own pace needs before a slowdown is measured against it.
 STRAGGLER = ("train.straggler_factor=3", "train.straggler_window_steps=20",
              "train.straggler_requeue_cost_s=30")  # fmt: skip
 SLOW = 5
